@@ -1,0 +1,309 @@
+"""The typed gate config: one YAML file per candidate, validated before any model loads.
+
+Every section is a pydantic model with `extra="forbid"`, so a misspelt key is an error that
+names the file, the key and the keys that are allowed. `load_config` is the only entry point.
+"""
+
+from __future__ import annotations
+
+import difflib
+from enum import Enum
+from pathlib import Path
+from typing import Annotated, Any, Literal, Union
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from .errors import ConfigError
+
+SCHEMA_VERSION = 1
+
+
+class Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True, use_enum_values=False)
+
+
+class QuantFormat(str, Enum):
+    fp8 = "fp8"
+    int8_sq = "int8_sq"
+    int4_awq = "int4_awq"
+    w4a8_awq = "w4a8_awq"
+    nvfp4 = "nvfp4"
+    none = "none"
+
+
+class KVCache(str, Enum):
+    fp16 = "fp16"
+    fp8 = "fp8"
+
+
+class ModelConfig(Strict):
+    """Where the reference model comes from. `source` picks one; its field says where."""
+
+    source: Literal["default", "path", "hub", "gguf"] = "default"
+    path: str | None = None  # local HF folder
+    hub: str | None = None  # hub id (needs network or a populated HF cache)
+    gguf: str | None = None  # a .gguf file; transformers dequantizes it to float
+    revision: str | None = None
+    tokenizer: str | None = None  # tokenizer folder/id when it differs from the model's
+    dtype: Literal["float16", "bfloat16", "float32"] = "float16"
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+    trust_remote_code: bool = False
+
+    @model_validator(mode="after")
+    def _one_location(self) -> "ModelConfig":
+        given = {k for k in ("path", "hub", "gguf") if getattr(self, k)}
+        if self.source == "default":
+            if given:
+                raise ValueError(
+                    f"source is 'default' but {', '.join(sorted(given))} is set; "
+                    f"set source: {sorted(given)[0]} to use it"
+                )
+        elif self.source not in given:
+            raise ValueError(f"source is {self.source!r} but no {self.source}: value is given")
+        elif len(given) > 1:
+            raise ValueError(f"give exactly one of path/hub/gguf, not {', '.join(sorted(given))}")
+        return self
+
+
+class QuantConfig(Strict):
+    format: QuantFormat
+    kv_cache: KVCache = KVCache.fp16
+    exclude: list[str] = Field(default_factory=lambda: ["*lm_head*"])
+    smoothquant_alpha: float | list[float] | None = None
+    awq_block_size: int = Field(128, gt=0)
+
+    @field_validator("smoothquant_alpha")
+    @classmethod
+    def _alpha_range(cls, v: float | list[float] | None) -> float | list[float] | None:
+        values = v if isinstance(v, list) else ([] if v is None else [v])
+        if isinstance(v, list) and not v:
+            raise ValueError("an empty list of alphas sweeps nothing; give one or more values in [0, 1]")
+        for a in values:
+            if not 0.0 <= a <= 1.0:
+                raise ValueError(f"alpha {a} is outside [0, 1]")
+        return v
+
+    @model_validator(mode="after")
+    def _alpha_only_for_sq(self) -> "QuantConfig":
+        if self.smoothquant_alpha is not None and self.format is not QuantFormat.int8_sq:
+            raise ValueError(f"smoothquant_alpha applies to format int8_sq only, not {self.format.value}")
+        return self
+
+    @property
+    def alphas(self) -> list[float]:
+        a = self.smoothquant_alpha
+        return a if isinstance(a, list) else [0.5 if a is None else a]
+
+
+class CalibrationConfig(Strict):
+    dataset: str = "calib_data/general_mix.jsonl"
+    samples: int = Field(512, gt=0)
+    seq_len: int = Field(512, ge=16)
+    batch_size: int | Literal["auto"] = "auto"
+
+    @field_validator("batch_size")
+    @classmethod
+    def _positive(cls, v: int | str) -> int | str:
+        if isinstance(v, int) and v <= 0:
+            raise ValueError("batch_size must be a positive integer or 'auto'")
+        return v
+
+
+class EngineConfig(Strict):
+    backend: str = "fakequant"
+    path: str | None = None  # backend 'checkpoint': the candidate's folder
+    batch_size: int = Field(4, gt=0)
+    options: dict[str, Any] = Field(default_factory=dict)
+
+
+class Sized(Strict):
+    """A threshold sized from the reference's own noise: ref ± Φ⁻¹(α)·sqrt(2σ²/n)."""
+
+    sized: Literal[True] = True
+    alpha: float = Field(0.05, gt=0, lt=0.5)
+    beta: float = Field(0.2, gt=0, lt=0.5)
+
+
+Threshold = Union[float, Sized, None]
+
+
+class AgreementGate(Strict):
+    enabled: bool = True
+    dataset: str = "calib_data/heldout_eval.jsonl"
+    tokens: int = Field(65536, gt=0)
+    ctx: int = Field(512, ge=8)
+    batch_size: int = Field(4, gt=0)
+    min_top1: Annotated[float, Field(ge=0, le=1)] | None = None
+    max_mean_kld: Annotated[float, Field(ge=0)] | None = None
+    max_p99_kld: Annotated[float, Field(ge=0)] | None = None
+
+    @field_validator("ctx")
+    @classmethod
+    def _even(cls, v: int) -> int:
+        if v % 2:
+            raise ValueError(f"ctx must be even (the second half of each chunk is scored); got {v}")
+        return v
+
+
+class QualityGate(Strict):
+    enabled: bool = True
+    max_ppl_ratio: Threshold = None
+    windowing: Literal["chunks", "sliding"] = "chunks"
+    stride: int | None = Field(None, gt=0)
+    bleu_dataset: str = "calib_data/bleu_eval.jsonl"
+    bleu_max_new_tokens: int = Field(64, gt=0)
+    max_bleu_drop: Threshold = None
+    max_chrf_drop: Threshold = None
+
+
+class LongGenGate(Strict):
+    enabled: bool = True
+    prompts: str = "calib_data/longgen_prompts.jsonl"
+    max_prompts: int | None = Field(None, gt=0)
+    new_tokens: int = Field(2048, gt=0)
+    window: int = Field(256, gt=0)
+    edge: int = Field(512, gt=0)  # "early" = first `edge` positions, "late" = last `edge`
+    suppress_eos: bool = True
+    batch_size: int = Field(8, gt=0)
+    min_late_top1: Annotated[float, Field(ge=0, le=1)] | None = None
+    max_late_kld: Annotated[float, Field(ge=0)] | None = None
+    max_late_drift: Annotated[float, Field(ge=0)] | None = None
+    max_seq_rep4_excess: Annotated[float, Field(ge=0)] | None = None
+    max_judge_nll_excess: Annotated[float, Field(ge=0)] | None = None
+    max_loops_excess: Annotated[int, Field(ge=0)] | None = 0
+
+    @model_validator(mode="after")
+    def _windows_fit(self) -> "LongGenGate":
+        if self.window > self.new_tokens:
+            raise ValueError(f"window ({self.window}) is longer than new_tokens ({self.new_tokens})")
+        if self.edge > self.new_tokens:
+            raise ValueError(f"edge ({self.edge}) is longer than new_tokens ({self.new_tokens})")
+        return self
+
+
+class GatesConfig(Strict):
+    agreement: AgreementGate = Field(default_factory=AgreementGate)
+    quality: QualityGate = Field(default_factory=lambda: QualityGate(enabled=False))
+    longgen: LongGenGate = Field(default_factory=lambda: LongGenGate(enabled=False))
+
+
+class ReportConfig(Strict):
+    dir: str = "reports"
+
+
+class GateConfig(Strict):
+    """A whole candidate: what to quantize, how to build it, and what it must pass."""
+
+    schema_version: int = SCHEMA_VERSION
+    name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+    description: str = ""
+    model: ModelConfig = Field(default_factory=ModelConfig)
+    quant: QuantConfig
+    calibration: CalibrationConfig = Field(default_factory=CalibrationConfig)
+    engine: EngineConfig = Field(default_factory=EngineConfig)
+    gates: GatesConfig = Field(default_factory=GatesConfig)
+    report: ReportConfig = Field(default_factory=ReportConfig)
+    seed: int = 0
+    #: folder the config file lives in; relative dataset paths resolve against it first
+    source_file: str | None = Field(None, exclude=True)
+
+    @field_validator("schema_version")
+    @classmethod
+    def _known_schema(cls, v: int) -> int:
+        if v != SCHEMA_VERSION:
+            raise ValueError(f"schema_version {v} is not supported; this qval reads {SCHEMA_VERSION}")
+        return v
+
+    @model_validator(mode="after")
+    def _engine_known(self) -> "GateConfig":
+        from .engines import ENGINES
+
+        if self.engine.backend not in ENGINES:
+            raise ValueError(ENGINES.unknown_message(self.engine.backend))
+        if self.engine.backend == "checkpoint" and not self.engine.path:
+            raise ValueError("engine backend 'checkpoint' needs engine.path: the candidate's folder")
+        return self
+
+    def resolve(self, path: str) -> Path:
+        """A data path from the config: absolute, else relative to the working directory if it
+        exists there, else relative to the config file's folder, else the qval checkout."""
+        p = Path(path)
+        if p.is_absolute() or p.exists():
+            return p
+        candidates = []
+        if self.source_file:
+            candidates.append(Path(self.source_file).parent / p)
+            candidates.append(Path(self.source_file).parent.parent / p)
+        candidates.append(Path(__file__).resolve().parent.parent / p)
+        for c in candidates:
+            if c.exists():
+                return c
+        return p
+
+
+def _loc_to_key(loc: tuple[Any, ...]) -> str:
+    # pydantic puts the union member's type name in loc ("float", "Sized"); drop those
+    parts = [str(x) for x in loc if not (isinstance(x, str) and x[:1].isupper()) and x not in ("float", "int")]
+    return ".".join(parts) or "(top level)"
+
+
+def _allowed_keys(model: type[BaseModel], loc: tuple[Any, ...]) -> list[str]:
+    """The keys allowed at the parent of `loc`, walking the nested models."""
+    current: Any = model
+    for part in loc[:-1]:
+        field = getattr(current, "model_fields", {}).get(part)
+        if field is None:
+            return []
+        ann = field.annotation
+        current = ann if isinstance(ann, type) and issubclass(ann, BaseModel) else None
+        if current is None:
+            return []
+    return [k for k in current.model_fields if k != "source_file"]
+
+
+def format_errors(err: ValidationError, file: str) -> list[str]:
+    """One line per problem: file, key, bad value, what is allowed."""
+    lines = []
+    for e in err.errors():
+        key = _loc_to_key(e["loc"])
+        bad = e.get("input")
+        if e["type"] == "extra_forbidden":
+            allowed = _allowed_keys(GateConfig, e["loc"])
+            close = difflib.get_close_matches(str(e["loc"][-1]), allowed, n=1)
+            hint = f" Did you mean {close[0]!r}?" if close else ""
+            lines.append(f"{file}: unknown key {key!r}.{hint} Allowed here: {', '.join(allowed)}.")
+            continue
+        if e["type"] == "missing":
+            lines.append(f"{file}: {key}: required key is missing.")
+            continue
+        msg = e["msg"].removeprefix("Value error, ")
+        if e["type"] == "enum":
+            msg = f"must be one of {e['ctx']['expected']}"
+        shown = repr(bad) if not isinstance(bad, dict) else "{...}"
+        lines.append(f"{file}: {key} = {shown}: {msg}.")
+    # unions report each branch; keep each distinct line once
+    return list(dict.fromkeys(lines))
+
+
+def parse_config(data: Any, file: str = "<config>") -> GateConfig:
+    if not isinstance(data, dict):
+        raise ConfigError(f"{file}: the config must be a YAML mapping (key: value), not {type(data).__name__}.")
+    try:
+        return GateConfig.model_validate({**data, "source_file": file})
+    except ValidationError as err:
+        raise ConfigError("\n".join(format_errors(err, file))) from None
+
+
+def load_config(path: str | Path) -> GateConfig:
+    """Read and validate one YAML config; every problem in it is reported at once."""
+    p = Path(path)
+    if not p.is_file():
+        raise ConfigError(f"{p}: no such config file. Shipped configs live in checks/ (e.g. checks/fp8_kvfp16.yaml).")
+    try:
+        data = yaml.safe_load(p.read_text(encoding="utf-8"))
+    except yaml.YAMLError as err:
+        raise ConfigError(f"{p}: not valid YAML: {err}") from None
+    if isinstance(data, dict) and "source_file" in data:
+        raise ConfigError(f"{p}: 'source_file' is set by qval, not by the config; remove it.")
+    return parse_config(data, str(p))

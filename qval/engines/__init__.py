@@ -1,0 +1,32 @@
+"""Engines: how a candidate is built and run. Each backend registers a builder here.
+
+Builders are imported explicitly at the bottom (no package walking), so `ENGINES` is full as
+soon as this package is imported; heavy libraries are imported inside the builders.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Callable
+
+from ..registry import Registry
+
+if TYPE_CHECKING:
+    from ..config import GateConfig
+    from ..models import LoadedModel
+    from .base import Engine
+
+
+@dataclass
+class BuildContext:
+    config: "GateConfig"
+    reference: "LoadedModel"
+    calib_state: Path | None  # the calibrate stage's saved quantizer state
+    run_dir: Path
+    log: Callable[[str], Any] = print
+
+
+ENGINES: Registry[Callable[[BuildContext], "Engine"]] = Registry("engine backend")
+
+from . import fakequant  # noqa: E402,F401  (registers "fakequant")

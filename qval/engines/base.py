@@ -1,0 +1,62 @@
+"""The one interface every gate runs a model through.
+
+A gate never touches a model directly: it asks an `Engine` for the logits of one chunk, for
+the logits of one long sequence piece by piece (with the KV cache, so a quantized KV cache is
+exercised the way decoding exercises it), or for greedy generations. Engines register by name
+in `ENGINES`; the config's `engine.backend` picks the candidate's.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from typing import Any, Iterator
+
+import torch
+
+
+@dataclass
+class Generation:
+    """Greedy continuations of a batch of prompts (new tokens only)."""
+
+    tokens: list[list[int]]
+    #: per sequence: steps whose logits held a NaN/Inf (the first such step, or None)
+    first_nonfinite_step: list[int | None]
+    #: per sequence: where EOS was produced (None: never, or suppressed)
+    eos_step: list[int | None] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"tokens": self.tokens, "first_nonfinite_step": self.first_nonfinite_step, "eos_step": self.eos_step}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "Generation":
+        return cls(tokens=d["tokens"], first_nonfinite_step=d["first_nonfinite_step"], eos_step=d.get("eos_step", []))
+
+
+class Engine(ABC):
+    """A model as a gate sees it."""
+
+    backend: str = "?"
+    executed: bool = True  # False only for adapters that could not be run where the report was made
+
+    @property
+    @abstractmethod
+    def device(self) -> str: ...
+
+    @abstractmethod
+    def logits(self, input_ids: torch.Tensor) -> torch.Tensor:
+        """[B, T] token ids -> [B, T, V] logits for one chunk (teacher forcing)."""
+
+    @abstractmethod
+    def logits_pieces(self, input_ids: torch.Tensor, piece: int) -> Iterator[torch.Tensor]:
+        """One long [1, T] sequence scored `piece` positions at a time through the KV cache;
+        yields [1, piece, V] logits, so memory stays O(piece × V) whatever T is."""
+
+    @abstractmethod
+    def generate(
+        self, prompts: list[list[int]], max_new_tokens: int, *, suppress_eos: bool, batch_size: int, progress: Any = None
+    ) -> Generation:
+        """Greedy decoding with a KV cache, batched; EOS optionally suppressed."""
+
+    def describe(self) -> dict[str, Any]:
+        return {"backend": self.backend, "device": self.device, "executed": self.executed}

@@ -1,0 +1,39 @@
+"""`fakequant`: ModelOpt's simulated quantization in PyTorch, on CPU or GPU.
+
+The candidate is a copy of the reference with the calibrated quantizers restored. Weights are
+then folded (quantized once, in place, and their quantizers switched off): the logits are
+bit-identical to quantizing them on every forward, and decoding is ~30 % faster on CPU.
+Activations and the KV cache are still quantized on every forward, as the deployment would.
+"""
+
+from __future__ import annotations
+
+import copy
+import contextlib
+import io
+
+from ..config import QuantFormat
+from . import ENGINES, BuildContext
+from .hf import HFEngine
+
+
+class FakeQuantEngine(HFEngine):
+    backend = "fakequant"
+
+
+@ENGINES.register("fakequant")
+def build_fakequant(ctx: BuildContext) -> FakeQuantEngine:
+    from ..quantize.modelopt_adapter import restore_state
+
+    model = copy.deepcopy(ctx.reference.model)
+    notes = ["simulated quantization (ModelOpt fake quant): quantize-dequantize in high precision"]
+    if ctx.config.quant.format is not QuantFormat.none:
+        if ctx.calib_state is None:
+            raise RuntimeError("fakequant needs a calibrated state; the calibrate stage did not run")
+        model = restore_state(model, ctx.calib_state)
+        import modelopt.torch.quantization as mtq
+
+        with contextlib.redirect_stdout(io.StringIO()):
+            mtq.fold_weight(model)
+    model.eval()
+    return FakeQuantEngine(model, ctx.reference.tokenizer, notes=notes)

@@ -1,0 +1,48 @@
+"""Gates: each registers a runner and the thresholds its config section sets.
+
+A gate is a pair of functions: `run(ctx) -> GateResult` measures, `thresholds(cfg, result)`
+turns the config's limits (absolute, or sized from the measured noise) into `Threshold`s for
+`decide`. Gates are imported explicitly below; the registry order is the run order.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Callable
+
+from ..registry import Registry
+
+if TYPE_CHECKING:
+    from ..config import GateConfig
+    from ..engines.base import Engine
+    from ..verdict import GateResult, Threshold
+
+
+@dataclass
+class GateContext:
+    config: "GateConfig"
+    reference: "Engine"
+    candidate: "Engine"
+    tokenizer: Any
+    folder: Path  # this gate's stage folder
+    shared_cache: Path  # reports/.reference: reference outputs shared by every candidate
+    reference_fingerprint: str
+    progress: Any = None  # qval.progress.Progress or None
+    upstream: dict[str, "GateResult"] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class GateSpec:
+    name: str
+    run: Callable[[GateContext], "GateResult"]
+    thresholds: Callable[["GateConfig", "GateResult | None"], list["Threshold"]]
+    #: the config section and data files whose change invalidates this gate's stored result
+    inputs: Callable[["GateConfig"], dict[str, Any]]
+    enabled: Callable[["GateConfig"], bool]
+    needs: tuple[str, ...] = ()  # gates whose results this one reads
+
+
+GATES: Registry[GateSpec] = Registry("gate")
+
+from . import agreement  # noqa: E402,F401

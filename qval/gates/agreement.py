@@ -1,0 +1,129 @@
+"""Gate 1 — logits agreement, teacher-forced: both models see exactly the same tokens.
+
+The validation text is cut into disjoint chunks of `ctx` tokens and only the second half of
+each chunk is scored, so every scored position has at least ctx/2 tokens of context (the
+llama.cpp KL-divergence convention). Per scored position: top-1 agreement, KLD(ref‖cand),
+Δp of the true next token, and both models' NLL (gate 2's perplexity reuses them).
+Memory is O(batch × ctx × vocab): logits live for one batch of chunks, then only per-position
+figures (a few floats each) are kept.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import numpy as np
+import torch
+
+from ..config import GateConfig
+from ..data import chunk, dataset_identity, load_dataset, token_stream
+from ..errors import DataError
+from ..io import atomic_write
+from ..progress import SILENT
+from ..metrics import delta_p_summary, kld_summary, mean_estimate, proportion, quantiles
+from ..metrics.estimate import Estimate
+from ..metrics.tokens import first_nonfinite, token_stats
+from ..verdict import GateResult, Threshold
+from . import GATES, GateContext, GateSpec
+
+FIELDS = ("kld", "top1", "p_ref", "p_cand", "nll_ref", "nll_cand")
+
+
+def scored_chunks(ctx: GateContext) -> tuple[list[list[int]], dict[str, Any]]:
+    g = ctx.config.gates.agreement
+    ds = load_dataset(g.dataset, ctx.config.resolve(g.dataset))
+    ids = token_stream(ds.texts(), ctx.tokenizer, ctx.tokenizer.eos_token_id)
+    chunks = chunk(ids, g.ctx, limit=g.tokens // g.ctx)
+    if not chunks:
+        raise DataError(f"{g.dataset}: {len(ids)} tokens is less than one chunk of ctx={g.ctx}; give more text or a smaller ctx.")
+    info = {"dataset": g.dataset, "dataset_tokens": len(ids), "tokens_requested": g.tokens, "chunks": len(chunks),
+            "ctx": g.ctx, "scored_per_chunk": g.ctx - g.ctx // 2 - 1}
+    if len(chunks) * g.ctx < g.tokens:
+        info["shortfall"] = f"asked for {g.tokens} tokens, the dataset holds {len(chunks) * g.ctx} in whole chunks"
+    return chunks, info
+
+
+def run(ctx: GateContext) -> GateResult:
+    t0 = time.perf_counter()
+    g = ctx.config.gates.agreement
+    chunks, info = scored_chunks(ctx)
+    half = g.ctx // 2
+    parts: dict[str, list[np.ndarray]] = {f: [] for f in FIELDS}
+    bad_ref = bad_cand = None
+    with (ctx.progress or SILENT).task("gate 1: logits agreement", len(chunks)) as advance:
+        for b0 in range(0, len(chunks), g.batch_size):
+            x = torch.tensor(chunks[b0 : b0 + g.batch_size])
+            lr = ctx.reference.logits(x)
+            lc = ctx.candidate.logits(x)
+            for b in range(x.shape[0]):
+                # logits at position t predict token t+1; score t in [half, ctx-1)
+                s = token_stats(lr[b, half:-1], lc[b, half:-1], x[b, half + 1 :].to(lr.device))
+                offset = sum(len(p) for p in parts["kld"])
+                if bad_ref is None and (i := first_nonfinite(s["finite_ref"])) is not None:
+                    bad_ref = (b0 + b, half + i, offset + i)
+                if bad_cand is None and (i := first_nonfinite(s["finite_cand"])) is not None:
+                    bad_cand = (b0 + b, half + i, offset + i)
+                for f in FIELDS:
+                    parts[f].append(s[f].numpy())
+            del lr, lc
+            advance(x.shape[0])
+    arrays = {f: np.concatenate(parts[f]) for f in FIELDS}
+    atomic_write(ctx.folder / "positions.npz", lambda p: np.savez_compressed(open(p, "wb"), **arrays))
+    info["scored_positions"] = int(arrays["kld"].size)
+    if bad_ref is not None:
+        c, t, n = bad_ref
+        return GateResult("agreement", "error", details=info, seconds=time.perf_counter() - t0,
+                          error=f"the REFERENCE produced non-finite logits at chunk {c}, position {t} (scored position {n}); the reference itself is broken")
+    if bad_cand is not None:
+        c, t, n = bad_cand
+        return GateResult("agreement", "nonfinite", details=info, seconds=time.perf_counter() - t0,
+                          error=f"the candidate produced non-finite logits first at chunk {c}, position {t} (scored position {n})")
+    return summarize(arrays, info, time.perf_counter() - t0)
+
+
+def summarize(a: dict[str, np.ndarray], info: dict[str, Any], seconds: float) -> GateResult:
+    kld = kld_summary(a["kld"])
+    dp = a["p_cand"] - a["p_ref"]
+    p99 = quantiles(a["kld"], [0.99])["p99"]
+    measurements = {
+        "top1": proportion(a["top1"]),
+        "mean_kld": kld["mean"],
+        "p99_kld": Estimate(value=p99, n=int(a["kld"].size)),
+        "mean_delta_p": mean_estimate(dp),
+    }
+    details = {**info, "kld": {k: (v.to_dict() if hasattr(v, "to_dict") else v) for k, v in kld.items()},
+               "delta_p": {k: (v.to_dict() if hasattr(v, "to_dict") else v) for k, v in delta_p_summary(dp).items()},
+               "kld_histogram": histogram(a["kld"])}
+    return GateResult("agreement", "ok", measurements=measurements, details=details, seconds=seconds)
+
+
+def histogram(kld: np.ndarray, bins: int = 40) -> dict[str, list[float]]:
+    """Log-spaced histogram of per-position KLD, for the report's plot."""
+    pos = kld[np.isfinite(kld) & (kld > 0)]
+    if pos.size == 0:
+        return {"edges": [], "counts": [], "zeros": int(np.sum(kld == 0))}
+    edges = np.logspace(np.log10(max(pos.min(), 1e-12)), np.log10(pos.max()) + 1e-9, bins + 1)
+    counts, _ = np.histogram(pos, bins=edges)
+    return {"edges": edges.tolist(), "counts": counts.tolist(), "zeros": int(np.sum(kld <= 0))}
+
+
+def thresholds(cfg: GateConfig, result: GateResult | None) -> list[Threshold]:
+    g = cfg.gates.agreement
+    out = []
+    if g.min_top1 is not None:
+        out.append(Threshold("agreement", "top1", "min", g.min_top1, "top-1 agreement with the reference (teacher-forced)"))
+    if g.max_mean_kld is not None:
+        out.append(Threshold("agreement", "mean_kld", "max", g.max_mean_kld, "mean KLD(ref‖cand) per scored token, nats"))
+    if g.max_p99_kld is not None:
+        out.append(Threshold("agreement", "p99_kld", "max", g.max_p99_kld, "99th percentile of per-token KLD, nats"))
+    return out
+
+
+def inputs(cfg: GateConfig) -> dict[str, Any]:
+    g = cfg.gates.agreement
+    return {"gate": g.model_dump(mode="json", exclude={"min_top1", "max_mean_kld", "max_p99_kld", "enabled"}),
+            "data": dataset_identity(g.dataset, cfg.resolve(g.dataset))}
+
+
+GATES.register("agreement")(GateSpec("agreement", run, thresholds, inputs, lambda c: c.gates.agreement.enabled))

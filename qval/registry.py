@@ -1,0 +1,58 @@
+"""A small explicit registry: names map to objects, filled by decorators.
+
+Formats, engines and gates register here, so adding one never touches a dispatcher.
+Duplicate names raise; an unknown name answers with the closest match and the full list.
+
+>>> engines = Registry("engine")
+>>> @engines.register("plain")
+... def make_plain(): return "plain"
+>>> engines.get("plain")()
+'plain'
+"""
+
+from __future__ import annotations
+
+import difflib
+from typing import Callable, Generic, Iterator, TypeVar
+
+from .errors import ConfigError
+
+T = TypeVar("T")
+
+
+class Registry(Generic[T]):
+    def __init__(self, kind: str) -> None:
+        self.kind = kind
+        self._items: dict[str, T] = {}
+
+    def register(self, name: str) -> Callable[[T], T]:
+        def decorator(obj: T) -> T:
+            if name in self._items:
+                raise ValueError(f"{self.kind} {name!r} is registered twice")
+            self._items[name] = obj
+            return obj
+
+        return decorator
+
+    def get(self, name: str) -> T:
+        if name not in self._items:
+            raise ConfigError(self.unknown_message(name))
+        return self._items[name]
+
+    def unknown_message(self, name: str) -> str:
+        close = difflib.get_close_matches(name, list(self._items), n=1)
+        hint = f" Did you mean {close[0]!r}?" if close else ""
+        return f"unknown {self.kind} {name!r}.{hint} Available: {', '.join(sorted(self._items))}."
+
+    def ordered(self) -> list[T]:
+        """Items in registration order (gates run in this order)."""
+        return list(self._items.values())
+
+    def names(self) -> list[str]:
+        return sorted(self._items)
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._items
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(sorted(self._items))
