@@ -13,13 +13,11 @@ from typing import Callable, Optional
 
 import typer
 
-EXAMPLES = """
-Examples:
+EXAMPLES = """Examples:
 
-  qval gate --config checks/fp8_kvfp16.yaml          # calibrate, build, gate: exit 0 approve, 1 reject, 2 error
-
-  qval validate --config checks/int8_sq.yaml          # check a config without loading any model
-
+\b
+  qval gate --config checks/fp8_kvfp16.yaml       # exit 0 approve, 1 reject, 2 error
+  qval validate --config checks/int8_sq.yaml       # check a config, load no model
   qval calibrate --config checks/int4_awq.yaml --out /tmp/runs
 """
 
@@ -70,17 +68,22 @@ def _load(config: Path):  # noqa: ANN202 - the config type is imported lazily
 def validate(config: Path = ConfigOpt) -> int:
     """Check a config (keys, values, data files, model location) without loading a model."""
     cfg = _load(config)
-    from .pipeline import Session  # noqa: F401 - imports the gate registry the checks need
     from .data import dataset_identity
-    from .models import _where
-
-    _where(cfg.model)  # the model can be found
-    dataset_identity(cfg.calibration.dataset, cfg.resolve(cfg.calibration.dataset))
+    from .errors import QvalError
     from .gates import GATES
+    from .models import locate
 
-    for spec in GATES.ordered():
-        if spec.enabled(cfg):
-            spec.inputs(cfg)  # each enabled gate's data files exist
+    checks = [lambda: locate(cfg.model),  # the model can be found
+              lambda: dataset_identity(cfg.calibration.dataset, cfg.resolve(cfg.calibration.dataset))]
+    checks += [functools.partial(spec.inputs, cfg) for spec in GATES.ordered() if spec.enabled(cfg)]  # gate data
+    problems = []
+    for check in checks:
+        try:
+            check()
+        except QvalError as e:
+            problems.append(str(e))
+    if problems:
+        raise QvalError("\n".join(dict.fromkeys(problems)))
     print(f"{config}: valid ({cfg.name}: {cfg.quant.format.value} weights, KV cache {cfg.quant.kv_cache.value}, engine {cfg.engine.backend})")
     return 0
 

@@ -145,6 +145,13 @@ class AgreementGate(Strict):
             raise ValueError(f"ctx must be even (the second half of each chunk is scored); got {v}")
         return v
 
+    @model_validator(mode="after")
+    def _can_fail(self) -> "AgreementGate":
+        if self.enabled and self.min_top1 is None and self.max_mean_kld is None and self.max_p99_kld is None:
+            raise ValueError("gate is enabled but sets no threshold, so it could never fail; "
+                             "set min_top1, max_mean_kld or max_p99_kld, or enabled: false")
+        return self
+
 
 class QualityGate(Strict):
     enabled: bool = True

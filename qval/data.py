@@ -29,6 +29,11 @@ class Dataset:
         return [record_text(r, self.spec, i) for i, r in enumerate(self.records)]
 
 
+def missing_message(spec: str, looked_at: Path) -> str:
+    where = "" if str(looked_at) == spec else f" (looked at {looked_at})"
+    return f"{spec}: no such file{where}. Give a JSONL, .txt or .parquet file, or hf:NAME[:CONFIG][@SPLIT]."
+
+
 def record_text(record: dict[str, Any], spec: str, index: int) -> str:
     for key in TEXT_FIELDS:
         if isinstance(record.get(key), str):
@@ -90,7 +95,7 @@ def load_dataset(spec: str, resolved: Path | None = None) -> Dataset:
     else:
         path = resolved or Path(spec)
         if not path.is_file():
-            raise DataError(f"{spec}: no such file (looked at {path}). Give a JSONL, .txt or .parquet file, or hf:NAME.")
+            raise DataError(missing_message(spec, path))
         suffix = path.suffix.lower()
         if suffix in (".jsonl", ".json"):
             records = _read_jsonl(path)
@@ -136,5 +141,5 @@ def dataset_identity(spec: str, resolved: Path) -> dict[str, str]:
     if spec.startswith("hf:"):
         return {"spec": spec, "fingerprint": spec}
     if not resolved.is_file():
-        raise DataError(f"{spec}: no such file (looked at {resolved}). Give a JSONL, .txt or .parquet file, or hf:NAME.")
+        raise DataError(missing_message(spec, resolved))
     return {"spec": spec, "fingerprint": file_fingerprint(resolved, full=True)}

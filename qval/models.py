@@ -85,7 +85,7 @@ def compute_dtype_for(requested: str, device: str) -> tuple[torch.dtype, list[st
     return _DTYPES[requested], []
 
 
-def _where(cfg: ModelConfig) -> tuple[str, dict[str, Any], str, str]:
+def locate(cfg: ModelConfig) -> tuple[str, dict[str, Any], str, str]:
     """(from_pretrained target, extra kwargs, display name, fingerprint) for each source."""
     if cfg.source == "default":
         gguf = default_gguf_path()
@@ -108,7 +108,7 @@ def _where(cfg: ModelConfig) -> tuple[str, dict[str, Any], str, str]:
 def load_tokenizer(cfg: ModelConfig) -> Any:
     from transformers import AutoTokenizer
 
-    target, kwargs, _, _ = _where(cfg)
+    target, kwargs, _, _ = locate(cfg)
     if cfg.tokenizer:
         target, kwargs = cfg.tokenizer, {}
     try:
@@ -125,7 +125,7 @@ def load_model(cfg: ModelConfig) -> LoadedModel:
     from transformers import AutoModelForCausalLM
 
     t0 = time.perf_counter()
-    target, kwargs, name, fingerprint = _where(cfg)
+    target, kwargs, name, fingerprint = locate(cfg)
     device = pick_device(cfg.device)
     dtype, notes = compute_dtype_for(cfg.dtype, device)
     if "gguf_file" in kwargs:

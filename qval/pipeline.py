@@ -61,12 +61,12 @@ class Session:
 
     def reference_identity(self) -> dict[str, Any]:
         """Model fingerprint, compute dtype and device, without loading the model."""
-        from .models import _where, compute_dtype_for, pick_device
+        from .models import locate, compute_dtype_for, pick_device
 
         m = self.config.model
         device = pick_device(m.device)
         dtype, _ = compute_dtype_for(m.dtype, device)
-        return {"fingerprint": _where(m)[3], "device": device, "dtype": str(dtype), "trust_remote_code": m.trust_remote_code}
+        return {"fingerprint": locate(m)[3], "device": device, "dtype": str(dtype), "trust_remote_code": m.trust_remote_code}
 
     def versions(self) -> dict[str, Any]:
         v = self.env["versions"]

@@ -1,0 +1,114 @@
+"""Config errors are caught when the YAML loads, before any model: each names the file, the
+key, the bad value and what is allowed, and the CLI exits 2 without a traceback."""
+
+from __future__ import annotations
+
+import pytest
+from typer.testing import CliRunner
+
+from qval.cli import app
+from qval.config import QuantFormat, load_config, parse_config
+from qval.errors import ConfigError
+
+from .conftest import ROOT, small_config, write_config
+
+runner = CliRunner()
+
+
+def cli_validate(path) -> tuple[int, str]:
+    result = runner.invoke(app, ["validate", "--config", str(path)])
+    return result.exit_code, result.output + (result.stderr if result.stderr_bytes is not None else "")
+
+
+def test_every_shipped_check_validates():
+    for path in sorted((ROOT / "checks").glob("*.yaml")):
+        code, out = cli_validate(path)
+        assert code == 0, out
+
+
+def test_unknown_key_names_file_key_and_allowed(tmp_path):
+    data = small_config("typo")
+    data["quant"]["kv_cahce"] = "fp8"
+    path = write_config(tmp_path, data)
+    code, out = cli_validate(path)
+    assert code == 2
+    assert str(path) in out and "quant.kv_cahce" in out
+    assert "Did you mean 'kv_cache'?" in out and "format" in out  # the allowed keys are listed
+    assert "Traceback" not in out
+
+
+def test_unknown_format_lists_the_formats(tmp_path):
+    data = small_config("badfmt", fmt="fp6")
+    code, out = cli_validate(write_config(tmp_path, data))
+    assert code == 2
+    assert "quant.format = 'fp6'" in out
+    for f in QuantFormat:
+        assert f"'{f.value}'" in out
+
+
+def test_bad_threshold_type(tmp_path):
+    data = small_config("badthr")
+    data["gates"]["agreement"]["max_mean_kld"] = "small"
+    code, out = cli_validate(write_config(tmp_path, data))
+    assert code == 2
+    assert "gates.agreement.max_mean_kld = 'small'" in out and "valid number" in out
+
+
+def test_every_problem_reported_at_once(tmp_path):
+    data = small_config("many")
+    data["seed"] = "zero"
+    data["calibration"]["samples"] = -3
+    with pytest.raises(ConfigError) as e:
+        load_config(write_config(tmp_path, data))
+    msg = str(e.value)
+    assert "seed = 'zero'" in msg and "calibration.samples = -3" in msg
+
+
+def test_gate_without_threshold_is_an_error():
+    data = small_config("nothr")
+    data["gates"]["agreement"] = {"tokens": 1024}
+    with pytest.raises(ConfigError, match="could never fail"):
+        parse_config(data)
+
+
+def test_alpha_only_for_smoothquant_and_in_range():
+    with pytest.raises(ConfigError, match="int8_sq only"):
+        parse_config(small_config("a", quant={"smoothquant_alpha": 0.5}))
+    with pytest.raises(ConfigError, match="outside"):
+        parse_config(small_config("b", fmt="int8_sq", quant={"smoothquant_alpha": [0.5, 1.5]}))
+
+
+def test_model_source_must_match_its_field():
+    with pytest.raises(ConfigError, match="no gguf"):
+        parse_config(small_config("m", model={"source": "gguf"}))
+    with pytest.raises(ConfigError, match="set source: path"):
+        parse_config(small_config("m", model={"path": "/models/x"}))
+
+
+def test_unknown_engine_backend_suggests(tmp_path):
+    code, out = cli_validate(write_config(tmp_path, small_config("e", engine={"backend": "fakequnt"})))
+    assert code == 2 and "Did you mean 'fakequant'?" in out
+
+
+def test_missing_dataset_is_exit_2(tmp_path):
+    data = small_config("nodata")
+    data["gates"]["agreement"]["dataset"] = str(tmp_path / "missing.jsonl")
+    code, out = cli_validate(write_config(tmp_path, data))
+    assert code == 2 and "missing.jsonl" in out and "no such file" in out
+
+
+def test_not_yaml_and_missing_file(tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("name: [unclosed\n")
+    code, out = cli_validate(bad)
+    assert code == 2 and "not valid YAML" in out
+    code, out = cli_validate(tmp_path / "nope.yaml")
+    assert code == 2 and "no such config file" in out
+
+
+def test_nvfp4_on_cpu_is_a_clear_error_not_a_crash(tmp_path):
+    path = write_config(tmp_path, small_config("nv", fmt="nvfp4"))
+    result = runner.invoke(app, ["calibrate", "--config", str(path), "--out", str(tmp_path / "r"), "-q"])
+    out = result.output + result.stderr
+    assert result.exit_code == 2, out
+    assert "needs a CUDA GPU" in out and "Traceback" not in out
