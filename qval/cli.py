@@ -19,6 +19,10 @@ EXAMPLES = """Examples:
   qval gate --config checks/fp8_kvfp16.yaml       # exit 0 approve, 1 reject, 2 error
   qval validate --config checks/int8_sq.yaml       # check a config, load no model
   qval calibrate --config checks/int4_awq.yaml --out /tmp/runs
+  qval diagnose --config checks/int8_sq.yaml       # per-layer scales, sensitivity: layers.csv, diagnostics.html
+  qval gate --config checks/int8_sq.yaml --fallback auto --max-excluded 4
+  qval build --config checks/fp8_kvfp16.yaml       # deployable checkpoint + fidelity check: exit 0 pass, 1 fail
+  qval sweep checks/*.yaml --out reports/sweep      # every candidate, one reference: ranking + recommendation
 """
 
 app = typer.Typer(
@@ -37,6 +41,21 @@ def _err(msg: str) -> None:
     print(f"qval: error: {msg}", file=sys.stderr)
 
 
+def quiet_libraries() -> None:
+    """Library chatter (GGUF conversion bars, accelerator probes, deprecation notes) buries
+    the figures a user came for; qval prints its own progress instead."""
+    import logging
+    import os
+    import warnings
+
+    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+    warnings.filterwarnings("ignore", module=r"(transformers|modelopt|torch|accelerate)")
+    for name in ("transformers", "modelopt", "accelerate", "DeepSpeed", "torch.distributed"):
+        logging.getLogger(name).setLevel(logging.ERROR)
+    logging.getLogger().setLevel(logging.ERROR)
+
+
 def user_errors(fn: Callable[..., int]) -> Callable[..., None]:
     """Turn QvalError into a message and exit code 2; the command's own code otherwise."""
 
@@ -44,6 +63,7 @@ def user_errors(fn: Callable[..., int]) -> Callable[..., None]:
     def wrapper(*args: object, **kwargs: object) -> None:
         from .errors import QvalError
 
+        quiet_libraries()
         try:
             code = fn(*args, **kwargs)
         except QvalError as e:
@@ -106,11 +126,25 @@ def calibrate(config: Path = ConfigOpt, out: Optional[str] = OutOpt, quiet: bool
 
 @app.command()
 @user_errors
-def gate(config: Path = ConfigOpt, out: Optional[str] = OutOpt, quiet: bool = QuietOpt) -> int:
-    """Calibrate, build and gate one candidate; write report.json and report.md; exit 0/1/2."""
+def gate(config: Path = ConfigOpt, out: Optional[str] = OutOpt, quiet: bool = QuietOpt,
+         fallback: Optional[str] = typer.Option(None, "--fallback", metavar="auto|off",
+                                                help="auto: if rejected, keep the most sensitive layers in high precision "
+                                                     "step by step until every gate passes or the budget runs out "
+                                                     "(default: the config's fallback.mode)"),
+         max_excluded: Optional[int] = typer.Option(None, "--max-excluded", help="fallback budget: layers kept in high precision"),
+         max_bits: Optional[float] = typer.Option(None, "--max-bits", help="fallback budget: effective weight bits per parameter")) -> int:
+    """Calibrate, build and gate one candidate; write report.json/.md/.html and layers.csv; exit 0/1/2.
+    With --fallback auto, exit 0 means a passing configuration was found (written as fallback.yaml)."""
     cfg = _load(config)
     from .pipeline import expand_alphas, run_gate
     from .progress import Progress
+
+    if _fallback_mode(cfg, fallback) == "auto":
+        from .diagnostics.fallback import search
+
+        outcome = search(cfg, Progress(not quiet), out, _budget(cfg, max_excluded, max_bits))
+        print_fallback(outcome)
+        return outcome.exit_code
 
     runs = [run_gate(c, Progress(not quiet), out, alpha) for c, alpha in expand_alphas(cfg)]
     for r in runs:
@@ -124,6 +158,110 @@ def gate(config: Path = ConfigOpt, out: Optional[str] = OutOpt, quiet: bool = Qu
             print(f"recommended: {best.config.name} (passes every gate; lowest mean KLD among those that pass)")
         return 0 if passing else 1
     return runs[0].exit_code
+
+
+def _fallback_mode(cfg, flag: Optional[str]) -> str:  # noqa: ANN001
+    from .errors import ConfigError
+
+    mode = (flag or cfg.fallback.mode).lower()
+    if mode not in ("auto", "off"):
+        raise ConfigError(f"--fallback {flag!r}: use --fallback auto or --fallback off.")
+    return mode
+
+
+def _budget(cfg, max_excluded: Optional[int], max_bits: Optional[float]):  # noqa: ANN001, ANN202
+    from .diagnostics.fallback import Budget
+    from .errors import ConfigError
+
+    if max_excluded is not None and max_excluded < 1:
+        raise ConfigError(f"--max-excluded {max_excluded}: give at least 1 layer (or --fallback off).")
+    if max_bits is not None and not max_bits > 0:
+        raise ConfigError(f"--max-bits {max_bits}: give a positive number of bits per weight, e.g. 9.")
+    return Budget(max_excluded if max_excluded is not None else cfg.fallback.max_excluded,
+                  max_bits if max_bits is not None else cfg.fallback.max_effective_bits)
+
+
+def print_fallback(outcome) -> None:  # noqa: ANN001
+    print_summary(outcome.start)
+    for step in outcome.steps:
+        print(f"  fallback step {step['step']}: keep {step['added']} in high precision -> "
+              f"{'APPROVE' if step['approved'] else 'REJECT'} (effective weight bits {step['cost']['effective_bits']:.3f})")
+    print(f"\nfallback: {'APPROVE' if outcome.approved else 'REJECT'}: {outcome.explanation}")
+    if outcome.config_file:
+        print(f"  config: {outcome.config_file}")
+    print(f"  report: {outcome.final.run_dir / 'report.html'}")
+
+
+@app.command()
+@user_errors
+def diagnose(config: Path = ConfigOpt, out: Optional[str] = OutOpt, quiet: bool = QuietOpt) -> int:
+    """Per-layer scale diagnostics and the sensitivity ranking, no gates: layers.csv, diagnostics.json
+    and diagnostics.html in the run folder (a gate report holds the same section)."""
+    cfg = _load(config)
+    from .diagnostics.stage import diagnose_run
+    from .pipeline import expand_alphas
+    from .progress import Progress
+
+    for c, alpha in expand_alphas(cfg):
+        folder, d = diagnose_run(c, Progress(not quiet), out, alpha)
+        flagged = d["flagged"]
+        print(f"\n{c.name}: {len(d['layers'])} quantizers diagnosed, {len(flagged)} flagged"
+              + (f" ({', '.join(flagged[:5])}{', …' if len(flagged) > 5 else ''})" if flagged else ""))
+        sens = d.get("sensitivity")
+        if sens:
+            top = ", ".join(f"{e['name']} ({e['delta_kld']['value']:.3g})" for e in sens["layers"][:5] if e.get("delta_kld"))
+            print(f"  most sensitive layers (mean KLD removed when kept in high precision): {top}")
+        print(f"  layers: {folder / 'layers.csv'}\n  report: {folder / 'diagnostics.html'}")
+    return 0
+
+
+@app.command()
+@user_errors
+def build(config: Path = ConfigOpt, out: Optional[str] = OutOpt, quiet: bool = QuietOpt,
+          trtllm: bool = typer.Option(False, "--trtllm-checkpoint", help="also write ModelOpt's TensorRT-LLM checkpoint"),
+          dtype: Optional[str] = typer.Option(None, "--dtype", metavar="auto|float16|bfloat16|float32",
+                                              help="dtype of high-precision tensors (default: the engine options', else auto = "
+                                                   "the dtype the reference computes in)")) -> int:
+    """Export the calibrated candidate as a deployable checkpoint (<run>/export/, ModelOpt's unified HF
+    format) and prove with the fidelity check that its files hold the calibrated model; exit 0 pass, 1 fail."""
+    cfg = _load(config)
+    from .export.build import options_for, run_build
+    from .pipeline import expand_alphas
+    from .progress import Progress
+
+    passed = True
+    for c, alpha in expand_alphas(cfg):
+        options = options_for(c, trtllm_checkpoint=trtllm or None, dtype=dtype)
+        r = run_build(c, Progress(not quiet), out, alpha, options)
+        passed &= r.passed
+        t = r.fidelity.get("totals", {})
+        print(f"\n{c.name}: export {'reused' if r.cached else 'written'}: {r.folder} "
+              f"({r.export.get('dtype')}, {r.export.get('bytes', 0) / 2**20:.1f} MiB)")
+        print(f"  fidelity: {'PASS' if r.passed else 'FAIL'}  ({t.get('equal', 0)} weights equal, {t.get('ties', 0)} "
+              f"rounding-midpoint ties, {t.get('mismatches', 0)} mismatches)")
+        for chk in r.fidelity.get("checks", []):
+            mark = "pass" if chk["ok"] else ("FAIL" if chk["severity"] == "error" else "note")
+            print(f"  [{mark}] {chk['name']}: {chk['detail']}")
+        print(f"  report: {r.folder / 'fidelity.json'}")
+    return 0 if passed else 1
+
+
+@app.command()
+@user_errors
+def sweep(configs: list[Path] = typer.Argument(..., help="gate configs (e.g. checks/*.yaml)"), out: Optional[str] = OutOpt,
+          quiet: bool = QuietOpt,
+          context: int = typer.Option(4096, "--context", min=1, help="tokens per sequence for the KV-cache memory estimate"),
+          batch: int = typer.Option(1, "--batch", min=1, help="sequences for the KV-cache memory estimate")) -> int:
+    """Gate many candidates against one reference (loaded once; its generations computed once) and
+    write sweep.md/sweep.json: a ranking and the smallest configuration that passes every gate.
+    Exit 0 when some candidate passes, 1 when none does."""
+    from .progress import Progress
+    from .sweep import render, run_sweep
+
+    result = run_sweep(list(configs), Progress(not quiet), out, context, batch)
+    print("\n" + render(result))
+    print(f"written: {result.folder / 'sweep.md'}")
+    return result.exit_code
 
 
 def print_summary(r) -> None:  # noqa: ANN001

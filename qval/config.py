@@ -153,18 +153,72 @@ class AgreementGate(Strict):
         return self
 
 
+# Thresholds of gates 2 and 3: an absolute limit (a number in the figure's own unit) or
+# `{sized: true, alpha, beta}`, sized from the data the way DESIGN.md describes. They are checked
+# by `_limit` before the union sees them, so a bad value gets one plain message, not one per branch.
+CountLimit = Union[int, Sized, None]
+
+
+def _limit(v: Any, *, lo: float = 0.0, hi: float | None = None, integer: bool = False) -> Any:
+    """Validate one threshold: None, a number in [lo, hi] (whole for counts), or a sized spec."""
+    if v is None or isinstance(v, Sized):
+        return v
+    if isinstance(v, dict):
+        unknown = sorted(set(v) - set(Sized.model_fields))
+        if unknown:
+            raise ValueError(f"unknown key(s) {', '.join(unknown)} in a sized threshold; allowed: sized, alpha, beta")
+        try:
+            return Sized.model_validate(v)
+        except ValidationError as err:
+            raise ValueError("; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in err.errors())) from None
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        raise ValueError("must be a number, or {sized: true} (optionally with alpha and beta)")
+    if integer and v != int(v):
+        raise ValueError("must be a whole number (it counts prompts)")
+    if v < lo or (hi is not None and v > hi):
+        raise ValueError(f"must lie in [{lo:g}, {'∞' if hi is None else f'{hi:g}'}]")
+    return int(v) if integer else float(v)
+
+
 class QualityGate(Strict):
+    """Gate 2: perplexity over gate 1's scored positions (windowing "chunks") or HF-style
+    sliding windows over the same text ("sliding"), and BLEU/chrF of greedy generations."""
+
     enabled: bool = True
-    max_ppl_ratio: Threshold = None
     windowing: Literal["chunks", "sliding"] = "chunks"
-    stride: int | None = Field(None, gt=0)
+    stride: int | None = Field(None, gt=0)  # sliding: tokens scored per window (default ctx/2)
+    max_ppl_ratio: Threshold = None  # PPL_cand / PPL_ref
     bleu_dataset: str = "calib_data/bleu_eval.jsonl"
     bleu_max_new_tokens: int = Field(64, gt=0)
-    max_bleu_drop: Threshold = None
+    batch_size: int = Field(8, gt=0)
+    bootstrap: int = Field(1000, ge=100)  # paired bootstrap resamples for the BLEU/chrF intervals
+    max_bleu_drop: Threshold = None  # reference BLEU − candidate BLEU, per language, points
     max_chrf_drop: Threshold = None
+
+    @field_validator("max_ppl_ratio", mode="before")
+    @classmethod
+    def _ratio_limit(cls, v: Any) -> Any:
+        return _limit(v, lo=1.0)  # a limit below 1 would demand a candidate better than the reference
+
+    @field_validator("max_bleu_drop", "max_chrf_drop", mode="before")
+    @classmethod
+    def _drop_limit(cls, v: Any) -> Any:
+        return _limit(v, hi=100.0)
+
+    @model_validator(mode="after")
+    def _stride_needs_sliding(self) -> "QualityGate":
+        if self.stride is not None and self.windowing != "sliding":
+            raise ValueError("stride applies to windowing: sliding only; remove it or set windowing: sliding")
+        if self.enabled and self.max_ppl_ratio is None and self.max_bleu_drop is None and self.max_chrf_drop is None:
+            raise ValueError("gate is enabled but sets no threshold, so it could never fail; "
+                             "set max_ppl_ratio, max_bleu_drop or max_chrf_drop, or enabled: false")
+        return self
 
 
 class LongGenGate(Strict):
+    """Gate 3: 2048-token greedy generation; drift of the candidate on the reference's text
+    and health of the candidate's own text, each judged against the reference's."""
+
     enabled: bool = True
     prompts: str = "calib_data/longgen_prompts.jsonl"
     max_prompts: int | None = Field(None, gt=0)
@@ -173,19 +227,37 @@ class LongGenGate(Strict):
     edge: int = Field(512, gt=0)  # "early" = first `edge` positions, "late" = last `edge`
     suppress_eos: bool = True
     batch_size: int = Field(8, gt=0)
-    min_late_top1: Annotated[float, Field(ge=0, le=1)] | None = None
-    max_late_kld: Annotated[float, Field(ge=0)] | None = None
-    max_late_drift: Annotated[float, Field(ge=0)] | None = None
-    max_seq_rep4_excess: Annotated[float, Field(ge=0)] | None = None
-    max_judge_nll_excess: Annotated[float, Field(ge=0)] | None = None
-    max_loops_excess: Annotated[int, Field(ge=0)] | None = 0
+    piece: int = Field(256, gt=0)  # teacher-forced scoring goes through the KV cache this many tokens at a time
+    min_late_top1: Threshold = None
+    max_late_kld: Threshold = None
+    max_late_drift: Threshold = None  # late mean KLD − early mean KLD
+    max_seq_rep4_excess: Threshold = None  # candidate late seq-rep-4 − reference late seq-rep-4
+    max_judge_nll_excess: Threshold = None  # reference NLL of the candidate's late text − of its own
+    max_loops_excess: CountLimit = 0  # prompts ending in a loop, candidate − reference
+    max_premature_eos_excess: CountLimit = 0  # only when suppress_eos is false
+
+    @field_validator("min_late_top1", "max_seq_rep4_excess", mode="before")
+    @classmethod
+    def _fraction_limit(cls, v: Any) -> Any:
+        return _limit(v, hi=1.0)
+
+    @field_validator("max_late_kld", "max_late_drift", "max_judge_nll_excess", mode="before")
+    @classmethod
+    def _nonneg_limit(cls, v: Any) -> Any:
+        return _limit(v)
+
+    @field_validator("max_loops_excess", "max_premature_eos_excess", mode="before")
+    @classmethod
+    def _count_limit(cls, v: Any) -> Any:
+        return _limit(v, integer=True)
 
     @model_validator(mode="after")
     def _windows_fit(self) -> "LongGenGate":
         if self.window > self.new_tokens:
             raise ValueError(f"window ({self.window}) is longer than new_tokens ({self.new_tokens})")
-        if self.edge > self.new_tokens:
-            raise ValueError(f"edge ({self.edge}) is longer than new_tokens ({self.new_tokens})")
+        if 2 * self.edge > self.new_tokens:
+            raise ValueError(f"edge ({self.edge}) is more than half of new_tokens ({self.new_tokens}): "
+                             f"the early and late parts would overlap; use edge <= {self.new_tokens // 2}")
         return self
 
 
@@ -194,9 +266,39 @@ class GatesConfig(Strict):
     quality: QualityGate = Field(default_factory=lambda: QualityGate(enabled=False))
     longgen: LongGenGate = Field(default_factory=lambda: LongGenGate(enabled=False))
 
+    @model_validator(mode="after")
+    def _quality_fits_agreement(self) -> "GatesConfig":
+        q, a = self.quality, self.agreement
+        if q.enabled and q.windowing == "chunks" and not a.enabled:
+            raise ValueError("gates.quality with windowing: chunks scores gate 1's positions, but gates.agreement is "
+                             "disabled; enable it, or set quality.windowing: sliding")
+        if q.enabled and q.stride is not None and q.stride > a.ctx:
+            raise ValueError(f"gates.quality.stride ({q.stride}) is longer than the window (gates.agreement.ctx = {a.ctx})")
+        return self
+
 
 class ReportConfig(Strict):
     dir: str = "reports"
+
+
+class DiagnosticsConfig(Strict):
+    """Per-layer scale diagnostics (every gate report) and the sensitivity ranking."""
+
+    enabled: bool = True
+    batches: int = Field(2, gt=0)  # calibration batches the activation hooks see
+    #: auto: rank sensitivity only when the candidate is rejected (or for diagnose / fallback)
+    sensitivity: Literal["auto", "always", "never"] = "auto"
+    #: chunks of gates.agreement.dataset (ctx gates.agreement.ctx) scored once per layer and per
+    #: projection type: 1 chunk of 512 is 255 positions, enough to rank, and ~40 forwards in all
+    slice_chunks: int = Field(1, gt=0)
+
+
+class FallbackConfig(Strict):
+    """`--fallback auto`: keep the most sensitive layers in high precision until every gate passes."""
+
+    mode: Literal["off", "auto"] = "off"
+    max_excluded: int = Field(4, ge=1)  # decoder layers (units) the search may add to quant.exclude
+    max_effective_bits: float | None = Field(None, gt=0)  # weight bits per parameter, over all linear layers
 
 
 class GateConfig(Strict):
@@ -211,6 +313,8 @@ class GateConfig(Strict):
     engine: EngineConfig = Field(default_factory=EngineConfig)
     gates: GatesConfig = Field(default_factory=GatesConfig)
     report: ReportConfig = Field(default_factory=ReportConfig)
+    diagnostics: DiagnosticsConfig = Field(default_factory=DiagnosticsConfig)
+    fallback: FallbackConfig = Field(default_factory=FallbackConfig)
     seed: int = 0
     #: folder the config file lives in; relative dataset paths resolve against it first
     source_file: str | None = Field(None, exclude=True)
@@ -230,6 +334,16 @@ class GateConfig(Strict):
             raise ValueError(ENGINES.unknown_message(self.engine.backend))
         if self.engine.backend == "checkpoint" and not self.engine.path:
             raise ValueError("engine backend 'checkpoint' needs engine.path: the candidate's folder")
+        options_model = getattr(ENGINES.get(self.engine.backend), "options_model", None)
+        if options_model is None and self.engine.options:
+            raise ValueError(f"engine backend {self.engine.backend!r} takes no options; remove engine.options")
+        if options_model is not None:
+            try:
+                options_model.model_validate(self.engine.options)
+            except ValidationError as err:
+                problems = "; ".join(f"engine.options.{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in err.errors())
+                raise ValueError(f"{problems} (allowed options for {self.engine.backend}: "
+                                 f"{', '.join(options_model.model_fields)})") from None
         return self
 
     def resolve(self, path: str) -> Path:

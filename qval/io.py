@@ -14,6 +14,9 @@ import tempfile
 from pathlib import Path
 from typing import Any, Callable
 
+_UMASK = os.umask(0)
+os.umask(_UMASK)
+
 #: bytes read from each end of a large file for its quick fingerprint
 _EDGE = 4 << 20
 
@@ -26,6 +29,7 @@ def atomic_write(path: Path, writer: Callable[[Path], None]) -> None:
     os.close(fd)
     try:
         writer(Path(tmp))
+        os.chmod(tmp, 0o666 & ~_UMASK)  # mkstemp makes 0600; give the file the usual permissions
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)

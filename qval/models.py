@@ -124,6 +124,9 @@ def load_model(cfg: ModelConfig) -> LoadedModel:
     """Load the reference in eval mode on its device, in the dtype it will compute in."""
     from transformers import AutoModelForCausalLM
 
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()  # the GGUF dequantization bar; qval reports the load time
     t0 = time.perf_counter()
     target, kwargs, name, fingerprint = locate(cfg)
     device = pick_device(cfg.device)

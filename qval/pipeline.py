@@ -112,7 +112,9 @@ def auto_batch_size(s: Session) -> int:
 def calibrate(s: Session, alpha: float | None = None) -> Stage | None:
     """Run (or reuse) calibration; returns the stage whose folder holds `quant_state.pt`."""
     q = s.config.quant
-    if q.format is QuantFormat.none:
+    from .engines import needs_calibration
+
+    if q.format is QuantFormat.none or not needs_calibration(s.config.engine.backend):
         return None
     c = s.config.calibration
     stage = s.run.stage("calibrate", {
@@ -142,8 +144,10 @@ def calibrate(s: Session, alpha: float | None = None) -> Stage | None:
 
 
 def candidate_identity(s: Session, calib: Stage | None) -> dict[str, Any]:
+    from .engines import engine_identity
+
     return {"quant": s.config.quant.model_dump(mode="json"), "calibration": calib.key if calib else None,
-            "engine": s.config.engine.model_dump(mode="json")}
+            "engine": s.config.engine.model_dump(mode="json"), **engine_identity(s.config)}
 
 
 def build(s: Session, calib: Stage | None) -> Any:
@@ -160,7 +164,7 @@ def build(s: Session, calib: Stage | None) -> Any:
 
 def run_gates(s: Session, calib: Stage | None) -> dict[str, GateResult]:
     results: dict[str, GateResult] = {}
-    shared = Path(s.config.report.dir) / ".reference"
+    shared = s.run.path.parent / ".reference"  # next to the run folders (--out or report.dir), shared by every candidate
     for spec in GATES.ordered():
         if not spec.enabled(s.config):
             continue
@@ -195,17 +199,24 @@ def thresholds_for(cfg: GateConfig, results: dict[str, GateResult]) -> list[Any]
     return out
 
 
-def run_gate(cfg: GateConfig, progress: Progress = SILENT, out_dir: str | None = None, alpha: float | None = None) -> RunResult:
-    """The whole gate for one candidate configuration; writes report.json and report.md."""
+def run_gate(cfg: GateConfig, progress: Progress = SILENT, out_dir: str | None = None, alpha: float | None = None,
+             sensitivity: str | None = None, reference: LoadedModel | None = None) -> RunResult:
+    """The whole gate for one candidate configuration; writes report.json/.md/.html and layers.csv.
+    `sensitivity` (auto/always/never) overrides diagnostics.sensitivity (the fallback needs it);
+    `reference`: an already loaded reference (a sweep loads it once for every candidate)."""
+    from .diagnostics.stage import run_diagnostics
     from .report import write_reports
 
     t0 = time.perf_counter()
     root = Path(out_dir or cfg.report.dir)
-    s = Session(config=cfg, run=RunDir(root, cfg.name), progress=progress)
+    s = Session(config=cfg, run=RunDir(root, cfg.name), progress=progress, _reference=reference)
     calib = calibrate(s, alpha)
     results = run_gates(s, calib)
     verdict = decide(results, thresholds_for(cfg, results))
+    mode = sensitivity or cfg.diagnostics.sensitivity
+    diagnostics = run_diagnostics(s, calib, mode == "always" or (mode == "auto" and not verdict.approved))
     report = assemble_report(s, calib, results, verdict, time.perf_counter() - t0)
+    report["diagnostics"] = diagnostics
     write_reports(s.run.path, report)
     return RunResult(config=cfg, verdict=verdict, run_dir=s.run.path, report=report)
 
@@ -221,6 +232,17 @@ def expand_alphas(cfg: GateConfig) -> list[tuple[GateConfig, float | None]]:
     for a in q.smoothquant_alpha:
         c = cfg.model_copy(update={"name": f"{cfg.name}-alpha{a:g}", "quant": q.model_copy(update={"smoothquant_alpha": a})})
         out.append((c, a))
+    return out
+
+
+def data_identities(cfg: GateConfig) -> dict[str, Any]:
+    """Every data set the run read, with its content hash."""
+    out: dict[str, Any] = {}
+    if cfg.quant.format is not QuantFormat.none:
+        out["calibration"] = dataset_identity(cfg.calibration.dataset, cfg.resolve(cfg.calibration.dataset))
+    for spec in GATES.ordered():
+        if spec.enabled(cfg):
+            out[spec.name] = spec.inputs(cfg).get("data")
     return out
 
 
@@ -245,6 +267,7 @@ def assemble_report(s: Session, calib: Stage | None, results: dict[str, GateResu
         "candidate": {"format": cfg.quant.format.value, "kv_cache": cfg.quant.kv_cache.value, "exclude": cfg.quant.exclude,
                       "weight_bits": fmt.weight_bits, "activation_bits": fmt.activation_bits, "engine": engine},
         "calibration": calib.meta() if calib else None,
+        "data": data_identities(cfg),
         "gates": {k: v.to_dict() for k, v in results.items()},
         "stages": s.run.log,
         "environment": s.env,

@@ -115,8 +115,7 @@ def range_utilization(x: Tensor, amax: Tensor) -> float:
 def _block_layout(x: Tensor, amax: Tensor) -> bool:
     """True when amax is one value per block of the last axis (not a broadcastable layout)."""
     try:
-        torch.broadcast_shapes(amax.shape, x.shape)
-        return False
+        return torch.broadcast_shapes(amax.shape, x.shape) != x.shape
     except RuntimeError:
         return True
 
@@ -164,44 +163,55 @@ class AbsStats:
         self.group_max: Tensor | None = None  # max|x| per amax group, across batches
         self.amax: Tensor | None = None
         self.max_abs = 0.0
+        self.sample_n = self.sample_zeros = self.sample_nonzero = 0  # what the histogram has seen
 
     @torch.no_grad()
-    def add(self, x: Tensor, q: Tensor, amax: Tensor | None) -> None:
-        """One batch: x as the quantizer saw it, q its output, amax its range (None: dynamic)."""
+    def add(self, x: Tensor, q: Tensor, amax: Tensor | None, sample: int | None = None) -> None:
+        """One batch: x as the quantizer saw it, q its output, amax its range (None: dynamic).
+
+        Counts and powers use every element. The |x| histogram (for p99.9) uses every element,
+        or with `sample` a strided sample of about that many, the stride coprime with the last
+        axis so every channel is visited: activation batches are large and the histogram is the
+        costly part. Relies on q(0) == 0, true of ModelOpt's symmetric quantizers."""
         x = x.detach().float()
         q = q.detach().float()
+        numel = x.numel()
+        if numel == 0:
+            return
         ax = x.abs()
-        nz = x != 0
-        self.n += x.numel()
-        n_nz = int(nz.sum())
-        self.nonzero += n_nz
-        self.zeros += x.numel() - n_nz
-        self.flushed += int((nz & (q == 0)).sum())
-        self.signal += float((x.double() ** 2).sum())
-        self.noise += float(((x - q).double() ** 2).sum())
-        if x.numel():
-            self.max_abs = max(self.max_abs, float(ax.max()))
-        logs = ax[nz].log2().clamp_(_LOG2_LO, _LOG2_HI - 1e-6)
-        self.hist += torch.histc(logs, bins=_BINS, min=_LOG2_LO, max=_LOG2_HI).double()
+        zeros = numel - int(torch.count_nonzero(x))
+        self.n += numel
+        self.zeros += zeros
+        self.nonzero += numel - zeros
+        self.flushed += (numel - int(torch.count_nonzero(q))) - zeros
+        self.signal += float(torch.linalg.vector_norm(x)) ** 2
+        self.noise += float(torch.linalg.vector_norm(x - q)) ** 2
+        self.max_abs = max(self.max_abs, float(ax.max()))
+        picked = ax.reshape(-1)[:: _stride(numel, x.shape[-1] if x.dim() else 1, sample)]
+        self.sample_n += picked.numel()
+        picked = picked[picked > 0]
+        self.sample_zeros += self.sample_n - self.sample_nonzero - picked.numel()
+        self.sample_nonzero += picked.numel()
+        self.hist += torch.histc(picked.log2().clamp_(_LOG2_LO, _LOG2_HI - 1e-6), bins=_BINS, min=_LOG2_LO, max=_LOG2_HI).double()
         if amax is None:
             return
         a = amax_per_element(x, amax)
         if a is None:
             return
         self.amax = amax.detach().float().cpu()
-        self.clipped += int((ax > a).sum())
+        self.clipped += int(torch.count_nonzero(ax > a))
         gmax = _group_max(ax, amax)
         self.group_max = gmax if self.group_max is None else torch.maximum(self.group_max, gmax)
 
     def quantile(self, q: float) -> float:
         """q-quantile of |x| from the histogram (zeros counted), interpolated geometrically."""
-        if self.n == 0:
+        if self.sample_n == 0:
             return math.nan
-        rank = q * self.n
-        if rank <= self.zeros:
+        rank = q * self.sample_n
+        if rank <= self.sample_zeros:
             return 0.0
         cum = torch.cumsum(self.hist, 0)
-        need = rank - self.zeros
+        need = rank - self.sample_zeros
         i = int(torch.searchsorted(cum, torch.tensor(need, dtype=torch.float64)).clamp(max=_BINS - 1))
         before = float(cum[i - 1]) if i > 0 else 0.0
         frac = (need - before) / max(float(self.hist[i]), 1.0)
@@ -221,6 +231,20 @@ class AbsStats:
             out["range_use"] = float((self.group_max / self.amax.reshape(self.group_max.shape)).mean())
             out["outlier_ratio"] = outlier_ratio(self.amax, p999)
         return out
+
+
+def _stride(numel: int, last: int, sample: int | None) -> int:
+    """A step that picks about `sample` of `numel` elements and is coprime with the last axis.
+
+    >>> _stride(1000, 10, 100), _stride(1000, 10, None)
+    (11, 1)
+    """
+    if sample is None or numel <= sample:
+        return 1
+    step = max(1, numel // sample)
+    while math.gcd(step, last) != 1:
+        step += 1
+    return step
 
 
 def _group_max(ax: Tensor, amax: Tensor) -> Tensor:

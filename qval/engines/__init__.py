@@ -29,4 +29,16 @@ class BuildContext:
 
 ENGINES: Registry[Callable[[BuildContext], "Engine"]] = Registry("engine backend")
 
+
+def needs_calibration(backend: str) -> bool:
+    """False for backends that gate a finished checkpoint (they declare `needs_calibration = False`)."""
+    return getattr(ENGINES.get(backend), "needs_calibration", True)
+
+
+def engine_identity(cfg: "GateConfig") -> dict[str, Any]:
+    """What a backend adds to the gates' stage keys beyond its config (e.g. a checkpoint's content)."""
+    identity = getattr(ENGINES.get(cfg.engine.backend), "identity", None)
+    return identity(cfg) if identity else {}
+
 from . import fakequant  # noqa: E402,F401  (registers "fakequant")
+from . import checkpoint, export, realquant, tensorrt_llm  # noqa: E402,F401  (register their names)

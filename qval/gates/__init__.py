@@ -46,3 +46,5 @@ class GateSpec:
 GATES: Registry[GateSpec] = Registry("gate")
 
 from . import agreement  # noqa: E402,F401
+from . import quality  # noqa: E402,F401  (gate 2: needs agreement's positions, so after it)
+from . import longgen  # noqa: E402,F401

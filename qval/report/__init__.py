@@ -1,4 +1,5 @@
-"""Reports: report.json (the record, versioned schema) and report.md (for people)."""
+"""Reports: report.json (the record, versioned schema), report.md and report.html (for people),
+and layers.csv (the per-quantizer scale diagnostics, when the run has them)."""
 
 from __future__ import annotations
 
@@ -10,5 +11,14 @@ from .markdown import render_markdown
 
 
 def write_reports(run_dir: Path, report: dict[str, Any]) -> None:
+    from .html import render_html
+
+    diagnostics = report.get("diagnostics")
+    if diagnostics and diagnostics.get("layers") is not None:
+        from ..diagnostics.stage import layers_csv
+
+        atomic_write_text(run_dir / "layers.csv", layers_csv(diagnostics["layers"]))
+        diagnostics["layers_csv"] = "layers.csv"
     atomic_write_json(run_dir / "report.json", report)
     atomic_write_text(run_dir / "report.md", render_markdown(report))
+    atomic_write_text(run_dir / "report.html", render_html(report))

@@ -72,7 +72,67 @@ def generic_section(g: dict[str, Any]) -> list[str]:
     return lines
 
 
-SECTIONS = {"agreement": ("Gate 1 — logits agreement", agreement_section)}
+def quality_section(g: dict[str, Any]) -> list[str]:
+    d, m = g["details"], g["measurements"]
+    ppl, bleu = d.get("ppl", {}), d.get("bleu", {})
+    lines = [f"Perplexity over {ppl.get('positions')} positions: {ppl.get('description', ppl.get('windowing'))}.", "",
+             "| figure | value | 95% interval |", "|---|---|---|"]
+    for key, label in (("ppl_ref", "PPL reference"), ("ppl_cand", "PPL candidate"), ("ppl_ratio", "PPL ratio (paired)")):
+        if key in m:
+            lines.append(f"| {label} | {estimate(m[key])} | {interval(m[key])} |")
+    if not bleu:
+        return lines
+    ref_gen = bleu.get("reference_generation", {})
+    lines += ["", f"BLEU/chrF on {bleu.get('prompts')} prompts of {bleu.get('dataset')} ({bleu.get('rendering')}, "
+              f"{bleu.get('decoding')}, at most {bleu.get('max_new_tokens')} new tokens); the reference's generations "
+              f"{'came from the shared cache' if ref_gen.get('cached') else 'were generated in this run and cached'}. "
+              "Drops are reference − candidate with a paired-bootstrap 95% interval.", "",
+              "| lang | n | BLEU ref | BLEU cand | BLEU drop | cand vs ref BLEU | chrF ref | chrF cand | chrF drop |",
+              "|---|---|---|---|---|---|---|---|---|"]
+    for key, grp in bleu.get("groups", {}).items():
+        bd, cd = grp.get("bleu_drop", {}), grp.get("chrf_drop", {})
+        lines.append(f"| {grp.get('lang', key)} | {grp.get('sentences')} | {fmt(grp.get('bleu_ref'))} | {fmt(grp.get('bleu_cand'))} | "
+                     f"{fmt(bd.get('value'))} {interval(bd)} | {fmt(grp.get('bleu_cand_vs_ref'))} | {fmt(grp.get('chrf_ref'))} | "
+                     f"{fmt(grp.get('chrf_cand'))} | {fmt(cd.get('value'))} {interval(cd)} |")
+    sigs = {s for grp in bleu.get("groups", {}).values() for s in grp.get("signatures", {}).values()}
+    lines += ["", "sacrebleu signatures: " + "; ".join(f"`{s}`" for s in sorted(sigs))]
+    return lines
+
+
+def longgen_section(g: dict[str, Any]) -> list[str]:
+    d, m = g["details"], g["measurements"]
+    ref_gen = d.get("reference_generation", {})
+    lines = [f"{d.get('prompts')} prompts ({d.get('rendering')}), {d.get('new_tokens')} new tokens each, greedy, EOS "
+             f"{'suppressed' if d.get('suppress_eos') else 'allowed'}; windows of {d.get('window')}, early = first "
+             f"{d.get('edge')}, late = last {d.get('edge')} positions. The candidate scored the reference's continuation "
+             f"through its KV cache ({d.get('piece')} tokens per piece). Reference generations "
+             f"{'from the shared cache' if ref_gen.get('cached') else 'generated in this run and cached'}.", "",
+             "| figure | value | 95% interval |", "|---|---|---|"]
+    for key, label in (("early_top1", "top-1, early"), ("late_top1", "top-1, late"), ("top1_drift", "top-1 drift (early − late)"),
+                       ("early_kld", "mean KLD, early"), ("late_kld", "mean KLD, late"), ("late_drift", "KLD drift (late − early)"),
+                       ("seq_rep4_excess", "late seq-rep-4, cand − ref"), ("judge_nll_excess", "late judge NLL, cand − ref"),
+                       ("loops_excess", "prompts ending in a loop, cand − ref"), ("premature_eos_excess", "early EOS stops, cand − ref")):
+        if key in m:
+            lines.append(f"| {label} | {estimate(m[key])} | {interval(m[key])} |")
+    lines += ["", f"Loops (period ≤ {d.get('loop_max_period')} through the last {d.get('loop_span')} tokens): reference "
+              f"{d.get('ref_loops')}, candidate {d.get('cand_loops')} of {d.get('prompts')} prompts.", "",
+              "| window | top-1 | KLD | seq-rep-4 ref / cand | distinct-2 ref / cand | NLL ref / judge cand | loops ref / cand |",
+              "|---|---|---|---|---|---|---|"]
+    for w in d.get("windows", []):
+        lines.append(f"| {w['start']}–{w['end']} | {fmt(w['top1'])} | {fmt(w['kld'])} | {fmt(w['ref_seq_rep4'])} / {fmt(w['cand_seq_rep4'])} | "
+                     f"{fmt(w['ref_distinct2'])} / {fmt(w['cand_distinct2'])} | {fmt(w['ref_nll'])} / {fmt(w['cand_judge_nll'])} | "
+                     f"{w['ref_loops']} / {w['cand_loops']} |")
+    lines += ["", "| prompt | lang | kind | first divergence | late KLD | late seq-rep-4 ref / cand | loop period ref / cand |",
+              "|---|---|---|---|---|---|---|"]
+    for p in d.get("per_prompt", []):
+        lines.append(f"| {p['id']} | {p.get('lang') or '–'} | {p.get('kind') or '–'} | {fmt(p['first_divergence'])} | {fmt(p['late_kld'])} | "
+                     f"{fmt(p['ref_late_seq_rep4'])} / {fmt(p['cand_late_seq_rep4'])} | {fmt(p['ref_loop_period'])} / {fmt(p['cand_loop_period'])} |")
+    return lines
+
+
+SECTIONS = {"agreement": ("Gate 1 — logits agreement", agreement_section),
+            "quality": ("Gate 2 — perplexity and BLEU/chrF", quality_section),
+            "longgen": ("Gate 3 — long-generation stability", longgen_section)}
 
 
 def render_markdown(r: dict[str, Any]) -> str:
@@ -100,6 +160,9 @@ def render_markdown(r: dict[str, Any]) -> str:
             out += [f"**{g['status']}**: {g['error']}", ""]
         if g["measurements"]:
             out += render(g) + [""]
+    from .diagnostics_md import diagnostics_markdown
+
+    out += diagnostics_markdown(r)
     cal = r.get("calibration")
     if cal:
         c = cal.get("calibration", {})

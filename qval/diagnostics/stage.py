@@ -1,0 +1,197 @@
+"""The diagnostics stages of a run: `diagnose` (scale statistics → layers.csv) and `sensitivity`.
+
+Both start from the calibrate stage's saved state restored onto a copy of the reference,
+without folding weights, so every weight quantizer can still be run. Each is a cached stage
+keyed by the calibration it reads and its own settings; a passing candidate under
+`sensitivity: auto` skips the sensitivity ranking, which costs one slice scoring per layer.
+"""
+
+from __future__ import annotations
+
+import copy
+import csv
+import io
+import math
+from typing import TYPE_CHECKING, Any, Sequence
+
+import torch
+
+from ..data import chunk, dataset_identity, load_dataset, token_stream
+from ..errors import DataError
+from ..io import atomic_write_json, atomic_write_text, read_json
+from . import scales, sensitivity
+
+if TYPE_CHECKING:
+    from pathlib import Path
+
+    from ..pipeline import Session
+    from ..stages import Stage
+
+HIGH_PRECISION_BITS = {"float16": 16, "bfloat16": 16, "float32": 32}
+
+
+def restore_unfolded(s: "Session", calib: "Stage") -> torch.nn.Module:
+    """The calibrated candidate with its weight quantizers still live (fakequant folds them)."""
+    from ..quantize.modelopt_adapter import restore_state
+
+    model = restore_state(copy.deepcopy(s.reference.model), calib.path / "quant_state.pt")
+    return model.eval()
+
+
+def weight_budget(model: torch.nn.Module, cfg: Any) -> dict[str, Any]:
+    """Parameters of every linear layer that carries a weight quantizer, quantized or kept in
+    high precision, per unit: what a fallback's effective bits are computed from. Embeddings
+    are not linear layers (no format here quantizes them); a weight tied to another (lm_head and
+    the embedding in small models) counts once."""
+    from ..quantize.formats import FORMATS
+
+    units: dict[str, int] = {}
+    high = 0
+    seen: set[int] = set()
+    for name, module in model.named_modules():
+        wq = getattr(module, "weight_quantizer", None)
+        w = getattr(module, "weight", None)
+        if wq is None or not isinstance(w, torch.Tensor) or isinstance(module, torch.nn.Embedding):
+            continue
+        if w.data_ptr() in seen:
+            continue
+        seen.add(w.data_ptr())
+        if wq.is_enabled:
+            unit = scales.split_name(f"{name}.weight_quantizer")[0]
+            units[unit] = units.get(unit, 0) + w.numel()
+        else:
+            high += w.numel()
+    return {"bits_quantized": FORMATS.get(cfg.quant.format.value).weight_bits,
+            "bits_high": HIGH_PRECISION_BITS[cfg.model.dtype], "units": units, "high_precision_params": high}
+
+
+def effective_bits(budget: dict[str, Any], excluded_units: Sequence[str] = ()) -> float:
+    """Weight bits per parameter over all linear layers once `excluded_units` stay in high precision.
+
+    >>> effective_bits({"bits_quantized": 8, "bits_high": 16, "units": {"a": 30, "b": 10}, "high_precision_params": 0}, ["b"])
+    10.0
+    """
+    q = sum(n for u, n in budget["units"].items() if u not in excluded_units)
+    total = sum(budget["units"].values()) + budget["high_precision_params"]
+    if total == 0:
+        return math.nan
+    return (q * budget["bits_quantized"] + (total - q) * budget["bits_high"]) / total
+
+
+def layers_csv(rows: list[dict[str, Any]]) -> str:
+    buf = io.StringIO()
+    w = csv.DictWriter(buf, fieldnames=list(scales.COLUMNS), extrasaction="ignore", lineterminator="\n")
+    w.writeheader()
+    for r in rows:
+        w.writerow({k: _csv_value(r.get(k)) for k in scales.COLUMNS})
+    return buf.getvalue()
+
+
+def _csv_value(v: Any) -> Any:
+    if isinstance(v, float):
+        return f"{v:.6g}"
+    return "" if v is None else v
+
+
+def slice_chunks(s: "Session") -> list[list[int]]:
+    g, d = s.config.gates.agreement, s.config.diagnostics
+    ds = load_dataset(g.dataset, s.config.resolve(g.dataset))
+    tok = s.reference.tokenizer
+    chunks = chunk(token_stream(ds.texts(), tok, tok.eos_token_id), g.ctx, limit=d.slice_chunks)
+    if not chunks:
+        raise DataError(f"{g.dataset}: less than one chunk of ctx={g.ctx} tokens for the sensitivity slice; "
+                        "give more text or a smaller gates.agreement.ctx.")
+    return chunks
+
+
+def _key_inputs(s: "Session", calib: "Stage") -> dict[str, Any]:
+    return {"calibration": calib.key, "model": s.reference_identity(), "versions": s.versions(), "seed": s.config.seed}
+
+
+def run_diagnostics(s: "Session", calib: "Stage | None", want_sensitivity: bool) -> dict[str, Any] | None:
+    """The report's `diagnostics` section (None when nothing was quantized or it is switched off)."""
+    d = s.config.diagnostics
+    if calib is None or not d.enabled:
+        return None
+    from ..pipeline import calibration_batches
+
+    diag = s.run.stage("diagnose", {**_key_inputs(s, calib), "batches": d.batches,
+                                     "calib_data": s.config.calibration.model_dump(mode="json")})
+    sens = None
+    if want_sensitivity:
+        g = s.config.gates.agreement
+        sens = s.run.stage("sensitivity", {**_key_inputs(s, calib), "chunks": d.slice_chunks, "ctx": g.ctx,
+                                           "data": dataset_identity(g.dataset, s.config.resolve(g.dataset))})
+    todo = [st for st in (diag, sens) if st is not None and not st.is_done()]
+    model = restore_unfolded(s, calib) if todo else None
+    if model is not None and diag in todo:
+        started = diag.begin()
+        torch.manual_seed(s.config.seed)
+        batches = calibration_batches(s)[0][: d.batches]
+        from ..quantize.modelopt_adapter import iter_quantizers
+
+        with s.progress.task("diagnose: scale statistics", len(batches)) as advance, torch.no_grad():
+            rows = scales.collect(model, iter_quantizers(model), batches, s.reference.device, lambda i: advance(1))
+        flagged = scales.apply_rules(rows)
+        result = {"layers": rows, "rules": scales.rules_doc(), "flagged": [r["quantizer"] for r in flagged],
+                  "activation_batches": len(batches), "activation_tokens": int(sum(b.numel() for b in batches)),
+                  "weights": weight_budget(model, s.config)}
+        atomic_write_json(diag.path / "diagnostics.json", result)
+        atomic_write_text(diag.path / "layers.csv", layers_csv(rows))
+        diag.finish(started, {"quantizers": len(rows), "flagged": len(flagged)})
+        s.run.record(diag, cached=False)
+    else:
+        s.run.record(diag, cached=True)
+    out = read_json(diag.path / "diagnostics.json")
+    out["weights"]["effective_bits"] = effective_bits(out["weights"])
+    if sens is not None:
+        out["sensitivity"] = _sensitivity(s, sens, model)
+    return out
+
+
+def _sensitivity(s: "Session", stage: "Stage", model: torch.nn.Module | None) -> dict[str, Any]:
+    if stage.is_done():
+        s.run.record(stage, cached=True)
+        return read_json(stage.path / "sensitivity.json")
+    from ..quantize.modelopt_adapter import iter_quantizers
+
+    started = stage.begin()
+    quantizers = dict(iter_quantizers(model))
+    scorer = sensitivity.SliceScorer(s.ref_engine.logits, slice_chunks(s), s.reference.device,
+                                     batch_size=s.config.gates.agreement.batch_size)
+    with s.progress.task("sensitivity: one slice per layer and per projection", sensitivity.steps(quantizers)) as advance:
+        result = sensitivity.rank(model, quantizers, scorer, on_step=advance)
+    atomic_write_json(stage.path / "sensitivity.json", result)
+    stage.finish(started, {"layers": len(result["layers"]), "parts": len(result["parts"])})
+    s.run.record(stage, cached=False)
+    return result
+
+
+def diagnose_run(cfg: Any, progress: Any, out_dir: str | None, alpha: float | None) -> tuple["Path", dict[str, Any]]:
+    """`qval diagnose`: calibrate (or reuse), diagnose, rank; no gates. Writes diagnostics.json,
+    layers.csv and diagnostics.html into the run folder (never report.*: that is a sign-off)."""
+    from datetime import datetime, timezone
+    from pathlib import Path
+
+    from ..errors import ConfigError
+    from ..pipeline import Session, calibrate
+    from ..report.html import render_html
+    from ..stages import RunDir
+
+    if cfg.quant.format.value == "none":
+        raise ConfigError(f"{cfg.source_file or cfg.name}: quant.format is none, so there are no quantizers to diagnose.")
+    cfg = cfg.model_copy(update={"diagnostics": cfg.diagnostics.model_copy(update={"enabled": True})})
+    s = Session(config=cfg, run=RunDir(Path(out_dir or cfg.report.dir), cfg.name), progress=progress)
+    calib = calibrate(s, alpha)
+    diagnostics = run_diagnostics(s, calib, cfg.diagnostics.sensitivity != "never")
+    diagnostics["layers_csv"] = "layers.csv"
+    page = {"schema": "qval.diagnostics", "schema_version": 1, "name": cfg.name, "description": cfg.description,
+            "created": datetime.now(timezone.utc).isoformat(timespec="seconds"), "config": cfg.model_dump(mode="json"),
+            "model": s.reference.describe(),
+            "candidate": {"format": cfg.quant.format.value, "kv_cache": cfg.quant.kv_cache.value, "exclude": cfg.quant.exclude,
+                          "engine": {"backend": cfg.engine.backend}},
+            "calibration": calib.meta(), "diagnostics": diagnostics, "stages": s.run.log, "environment": s.env}
+    atomic_write_text(s.run.path / "layers.csv", layers_csv(diagnostics["layers"]))
+    atomic_write_json(s.run.path / "diagnostics.json", page)
+    atomic_write_text(s.run.path / "diagnostics.html", render_html(page))
+    return s.run.path, diagnostics

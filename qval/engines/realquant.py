@@ -1,0 +1,169 @@
+"""`realquant`: real low-precision weights, and real low-precision GEMMs where there is a kernel.
+
+The calibrated candidate (restored, not folded) goes through ModelOpt's `mtq.compress`, which
+replaces each quantized weight by its packed low-precision tensor (FP8 E4M3 for fp8, packed
+INT4 for AWQ, …) and each quantized linear by `RealQuantLinear`. A linear then runs a real
+low-precision GEMM when ModelOpt's GEMM registry has one for it, and otherwise dequantizes its
+stored weight and runs a float GEMM: the weights are real, the arithmetic is emulated.
+
+Real GEMMs:
+- CUDA: ModelOpt's FP8 per-tensor GEMM (`torch._scaled_mm`, compute capability >= 8.9, i.e.
+  Hopper/Ada). ModelOpt 0.47 does not import that backend itself (`backends/__init__.py` only
+  imports the NVFP4 one), so without the explicit import below it never runs.
+- CPU: qval routes FP8 linears to `torch._scaled_mm` itself (`install_cpu_fp8`): FP8 operands
+  scaled exactly as on the GPU; the CPU has no FP8 hardware, so the kernel multiplies in float32.
+
+Activations of layers without a real GEMM, and the KV cache, stay ModelOpt fake-quant.
+`describe()['notes']` says, after the run, which linears ran which GEMM.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import io
+import types
+from collections import Counter
+from typing import Any
+
+import torch
+
+from ..config import QuantFormat
+from ..errors import StageError
+from . import ENGINES, BuildContext
+from .hf import HFEngine
+
+CPU_GEMM = "qval_cpu_fp8_scaled_mm"
+
+
+def _fp8_qtensor_weight(module: torch.nn.Module) -> bool:
+    from modelopt.torch.quantization.qtensor import FP8QTensor, QTensorWrapper
+
+    w = getattr(module, "weight", None)
+    return isinstance(w, QTensorWrapper) and isinstance(w.get_qtensor(), FP8QTensor)
+
+
+def cpu_fp8_ready(module: torch.nn.Module) -> bool:
+    """Per-tensor FP8 weights and a per-tensor static FP8 input scale, no pre-scaling."""
+    from modelopt.torch.quantization.nn.modules.quant_linear import RealQuantLinear
+
+    if not isinstance(module, RealQuantLinear) or not _fp8_qtensor_weight(module):
+        return False
+    iq, wq = module.input_quantizer, module.weight_quantizer
+    return (iq.is_enabled and iq.num_bits == (4, 3) and iq.amax is not None and iq.amax.numel() == 1
+            and iq.block_sizes is None and getattr(iq, "_pre_quant_scale", None) is None
+            and wq.num_bits == (4, 3) and getattr(wq, "_scale", None) is not None and wq._scale.numel() == 1)
+
+
+def cpu_fp8_gemm(module: torch.nn.Module, input: torch.Tensor) -> torch.Tensor:
+    """y = x·Wᵀ with x and W in float8_e4m3fn: x quantized with the calibrated static scale
+    (amax/448, saturating), W the stored codes with their scale, through `torch._scaled_mm`."""
+    fp8 = torch.finfo(torch.float8_e4m3fn)
+    w_fp8 = module.weight.get_qtensor()._quantized_data
+    scale_w = module.weight_quantizer._scale.float().reshape(())
+    scale_x = (module.input_quantizer.amax.float() / fp8.max).reshape(())
+    shape = input.shape
+    x = (input.reshape(-1, shape[-1]).float() / scale_x).clamp(fp8.min, fp8.max).to(torch.float8_e4m3fn)
+    out = torch._scaled_mm(x, w_fp8.t(), scale_a=scale_x, scale_b=scale_w, out_dtype=torch.float32)
+    if module.bias is not None:
+        out = out + module.bias.float()
+    return out.to(input.dtype).reshape(*shape[:-1], out.shape[-1])
+
+
+def _cpu_fp8_forward(self: torch.nn.Module, input: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
+    if input.is_cuda:  # the model was moved: ModelOpt's own dispatch applies
+        return type(self).forward(self, input, *args, **kwargs)
+    self._qval_gemm = CPU_GEMM
+    return self.output_quantizer(cpu_fp8_gemm(self, input))
+
+
+def install_cpu_fp8(model: torch.nn.Module) -> int:
+    """Route every eligible FP8 linear to `cpu_fp8_gemm`. ModelOpt's own dispatch cannot be
+    used on a CPU-only torch: `RealQuantLinear.forward` opens an NVTX range before any
+    registered GEMM, and NVTX does not exist without CUDA. Returns the number routed."""
+    n = 0
+    for m in model.modules():
+        if cpu_fp8_ready(m):
+            m.forward = types.MethodType(_cpu_fp8_forward, m)
+            n += 1
+    return n
+
+
+def register_cuda_fp8() -> None:
+    """ModelOpt's FP8 GEMM registers itself on import, which ModelOpt never does."""
+    import modelopt.torch.quantization.backends.fp8_per_tensor_gemm  # noqa: F401
+
+
+def gemm_name(module: torch.nn.Module) -> str:
+    if getattr(module, "_qval_gemm", None) == CPU_GEMM:
+        return "FP8 torch._scaled_mm on CPU (float32 arithmetic inside the kernel)"
+    fn = getattr(module, "_real_quant_gemm_impl", None)
+    if fn is None:
+        return "dequantize + float GEMM (emulated)"
+    owner = getattr(fn, "__self__", None)
+    return f"{getattr(owner, '__name__', '')}.{getattr(fn, '__name__', repr(fn))}".strip(".") + " (real low-precision GEMM)"
+
+
+class RealQuantEngine(HFEngine):
+    backend = "realquant"
+
+    def storage(self) -> dict[str, int]:
+        """Quantized linears by the dtype their weight is stored in."""
+        from modelopt.torch.quantization.nn.modules.quant_linear import RealQuantLinear
+        from modelopt.torch.quantization.qtensor import QTensorWrapper
+
+        out: Counter[str] = Counter()
+        for m in self.model.modules():
+            if isinstance(m, RealQuantLinear) and isinstance(m.weight, QTensorWrapper):
+                out[str(m.weight.get_qtensor()._quantized_data.dtype).removeprefix("torch.")] += 1
+        return dict(out)
+
+    def gemms(self) -> dict[str, int]:
+        """Which GEMM each quantized linear ran (known once it has run a forward)."""
+        from modelopt.torch.quantization.nn.modules.quant_linear import RealQuantLinear
+        from modelopt.torch.quantization.qtensor import QTensorWrapper
+
+        return dict(Counter(gemm_name(m) for m in self.model.modules()
+                            if isinstance(m, RealQuantLinear) and isinstance(m.weight, QTensorWrapper)))
+
+    def describe(self) -> dict[str, Any]:
+        d = super().describe()
+        storage, gemms = self.storage(), self.gemms()
+        d["weight_storage"] = storage
+        d["gemms"] = gemms
+        emulated = sum(n for k, n in gemms.items() if "emulated" in k)
+        d["notes"] = self.notes + [
+            "weights stored as " + ", ".join(f"{n} linears in {k}" for k, n in storage.items()),
+            "GEMMs: " + ", ".join(f"{n} × {k}" for k, n in gemms.items()),
+            *([f"{emulated} quantized linears fell back to emulation: their stored weights are dequantized and "
+               f"multiplied in {d.get('dtype')}"] if emulated else []),
+            "activations of emulated linears and the KV cache: ModelOpt fake quant",
+        ]
+        return d
+
+
+@ENGINES.register("realquant")
+def build_realquant(ctx: BuildContext) -> RealQuantEngine:
+    import modelopt.torch.quantization as mtq
+    from modelopt.torch.quantization.backends.gemm_registry import enable_real_quant_gemm
+
+    from ..quantize.modelopt_adapter import restore_state
+
+    if ctx.config.quant.format is QuantFormat.none:
+        raise StageError("engine realquant needs a quantized format; quant.format none has nothing to compress "
+                         "(use engine: {backend: fakequant} for the identity check).")
+    if ctx.calib_state is None:
+        raise StageError("realquant needs a calibrated state; the calibrate stage did not run")
+    register_cuda_fp8()
+    model = restore_state(copy.deepcopy(ctx.reference.model), ctx.calib_state)
+    with contextlib.redirect_stdout(io.StringIO()):
+        mtq.compress(model)
+    enable_real_quant_gemm(model)
+    model.eval()
+    where = "cuda" if ctx.reference.device.startswith("cuda") else "cpu"
+    notes = [f"real quantization (ModelOpt mtq.compress) on {where}"]
+    if where == "cpu":
+        install_cpu_fp8(model)
+        notes.append("CPU: FP8 GEMMs run through torch._scaled_mm, whose CPU kernel multiplies the FP8 operands in "
+                     "float32 (no FP8 hardware); INT8/INT4 weights have no CPU kernel and are dequantized per forward")
+    return RealQuantEngine(model, ctx.reference.tokenizer, notes=notes)

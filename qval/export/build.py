@@ -1,0 +1,135 @@
+"""The build stage: export the calibrated candidate into `<run>/export/` and check its fidelity.
+
+Shared by `qval build` and the engines that run an export (`export`, `tensorrt_llm`). The
+export and its fidelity report are keyed by their inputs (the calibrated state's fingerprint,
+the export dtype, the TensorRT-LLM request, the library versions), so a second build or a gate
+run after `qval build` reuses them instead of exporting again.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata as md
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from ..errors import StageError
+from ..io import atomic_write_json, file_fingerprint, hash_json, read_json
+from .hf import EXPORT_MARKER, export_checkpoint, export_dtype, is_current
+
+if TYPE_CHECKING:
+    from ..config import GateConfig
+    from ..models import LoadedModel
+
+EXPORT_FOLDER = "export"
+FIDELITY_FILE = "fidelity.json"
+
+
+class ExportOptions(BaseModel):
+    """`engine.options` of the export-based backends."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    #: dtype of high-precision tensors and scales; auto = the dtype the reference computes in
+    dtype: Literal["auto", "float16", "bfloat16", "float32"] = "auto"
+    trtllm_checkpoint: bool = False  # also write ModelOpt's TensorRT-LLM checkpoint
+    tp_size: int = Field(1, ge=1)  # tensor parallelism of the TensorRT-LLM checkpoint / engine
+
+
+@dataclass
+class BuildResult:
+    folder: Path
+    export: dict[str, Any]  # qval_export.json
+    fidelity: dict[str, Any]  # fidelity.json
+    cached: bool
+
+    @property
+    def passed(self) -> bool:
+        return bool(self.fidelity.get("passed"))
+
+
+def _versions() -> dict[str, str | None]:
+    out: dict[str, str | None] = {}
+    for pkg in ("torch", "transformers", "nvidia-modelopt", "qval"):
+        try:
+            out[pkg] = md.version(pkg)
+        except md.PackageNotFoundError:
+            out[pkg] = None
+    return out
+
+
+def build_export(cfg: "GateConfig", reference: "LoadedModel", calib_state: Path | None, run_dir: Path,
+                 options: ExportOptions, log: Any = print) -> BuildResult:
+    """Export (or reuse the export) and run (or reuse) the fidelity check."""
+    import torch
+
+    from .fidelity import as_exported, check_fidelity
+    from .hf import calibrated_copy
+
+    if calib_state is None or not Path(calib_state).is_file():
+        raise StageError(f"{cfg.name}: building an export needs the calibrate stage's state "
+                         f"({calib_state or 'none'}); quant.format {cfg.quant.format.value} has nothing calibrated to export.")
+    folder = Path(run_dir) / EXPORT_FOLDER
+    dtype = export_dtype(reference, options.dtype)
+    key = hash_json({"calibration": file_fingerprint(Path(calib_state)), "dtype": str(dtype), "quant": cfg.quant.model_dump(mode="json"),
+                     "trtllm": options.trtllm_checkpoint, "tp_size": options.tp_size, "versions": _versions()})
+    cached = is_current(folder, key)
+    if not cached:
+        log(f"build: exporting {cfg.quant.format.value} (KV cache {cfg.quant.kv_cache.value}) to {folder} …")
+        export_checkpoint(reference, Path(calib_state), folder, key=key, dtype=dtype, trtllm=options.trtllm_checkpoint,
+                          tp_size=options.tp_size, provenance={"config": cfg.name, "config_file": cfg.source_file,
+                                                               "reference": reference.fingerprint})
+    export_info = read_json(folder / EXPORT_MARKER)
+    fid_path = folder / FIDELITY_FILE
+    fidelity = _read_fidelity(fid_path, key)
+    if fidelity is None:
+        log("build: fidelity check (reading the exported tensors back) …")
+        calibrated = calibrated_copy(reference, Path(calib_state))
+        exported_view = as_exported(calibrated_copy(reference, Path(calib_state)))
+        report = check_fidelity(folder, calibrated, exported_view, cfg.quant, dtype)
+        del calibrated, exported_view
+        fidelity = {"key": key, **report.to_dict()}
+        atomic_write_json(fid_path, fidelity)
+        torch.cuda.empty_cache() if torch.cuda.is_available() else None
+    return BuildResult(folder=folder, export=export_info, fidelity=fidelity, cached=cached)
+
+
+def _read_fidelity(path: Path, key: str) -> dict[str, Any] | None:
+    try:
+        d = read_json(path)
+        return d if d.get("key") == key else None
+    except (OSError, ValueError):
+        return None
+
+
+def fidelity_summary(fidelity: dict[str, Any]) -> dict[str, Any]:
+    """The fidelity report without its per-layer rows (those stay in fidelity.json)."""
+    return {k: v for k, v in fidelity.items() if k not in ("layers", "key")}
+
+
+def options_for(cfg: "GateConfig", **overrides: Any) -> ExportOptions:
+    """The config's export options (when its engine exports) with command-line overrides."""
+    base = dict(cfg.engine.options) if cfg.engine.backend in ("export", "tensorrt_llm") else {}
+    base = {k: v for k, v in base.items() if k in ExportOptions.model_fields}
+    base.update({k: v for k, v in overrides.items() if v is not None})
+    return ExportOptions.model_validate(base)
+
+
+def run_build(cfg: "GateConfig", progress: Any, out_dir: str | None, alpha: float | None, options: ExportOptions,
+              reference: "LoadedModel | None" = None) -> BuildResult:
+    """`qval build`: calibrate (or reuse the calibration), export, check fidelity; the fidelity
+    report is also written as `<run>/build.json` beside the stages."""
+    from ..config import QuantFormat
+    from ..pipeline import Session, calibrate
+    from ..stages import RunDir
+
+    if cfg.quant.format is QuantFormat.none:
+        raise StageError(f"{cfg.source_file}: quant.format is none; there is no quantized checkpoint to build.")
+    s = Session(config=cfg, run=RunDir(Path(out_dir or cfg.report.dir), cfg.name), progress=progress, _reference=reference)
+    stage = calibrate(s, alpha)
+    result = build_export(cfg, s.reference, stage.path / "quant_state.pt" if stage else None, s.run.path, options, progress.log)
+    atomic_write_json(s.run.path / "build.json", {"config": cfg.name, "export": result.export,
+                                                  "fidelity": fidelity_summary(result.fidelity), "passed": result.passed})
+    return result

@@ -1,0 +1,46 @@
+"""The `export_fidelity` gate: an export that does not hold the calibrated model is a REJECT.
+
+It runs for every backend that gates an export (`EXPORTING_BACKENDS`) and reads the fidelity
+report the engine's build produced. Its checks: no failed fidelity check, no weight that
+decodes to another value than the calibrated quantizer gives (rounding-midpoint ties excepted,
+see `qval.export.fidelity`).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..config import GateConfig
+from ..gates import GATES, GateContext, GateSpec
+from ..metrics.estimate import Estimate
+from ..verdict import GateResult, Threshold
+
+EXPORTING_BACKENDS = ("export", "tensorrt_llm")
+NAME = "export_fidelity"
+
+
+def run(ctx: GateContext) -> GateResult:
+    fid = getattr(ctx.candidate, "fidelity", None)
+    if not fid:
+        return GateResult(NAME, "error", error=f"engine {ctx.config.engine.backend} produced no fidelity report")
+    totals = fid.get("totals", {})
+    failed = [c for c in fid.get("checks", []) if not c["ok"] and c["severity"] == "error"]
+    measurements = {
+        "failed_checks": Estimate(value=float(len(failed)), n=len(fid.get("checks", []))),
+        "weight_mismatches": Estimate(value=float(totals.get("mismatches", 0)) if totals else float("nan"), n=totals.get("n")),
+    }
+    details: dict[str, Any] = {k: v for k, v in fid.items() if k not in ("layers", "key")}
+    details["notes"] = [f"{c['name']}: {c['detail']}" for c in fid.get("checks", []) if not c["ok"]]
+    return GateResult(NAME, "ok", measurements=measurements, details=details)
+
+
+def thresholds(cfg: GateConfig, result: GateResult | None) -> list[Threshold]:
+    return [Threshold(NAME, "failed_checks", "max", 0, "fidelity checks of the exported checkpoint that failed"),
+            Threshold(NAME, "weight_mismatches", "max", 0, "exported weights that decode to another value than the calibrated quantizer's")]
+
+
+def inputs(cfg: GateConfig) -> dict[str, Any]:
+    return {"engine": cfg.engine.model_dump(mode="json")}
+
+
+GATES.register(NAME)(GateSpec(NAME, run, thresholds, inputs, lambda c: c.engine.backend in EXPORTING_BACKENDS))

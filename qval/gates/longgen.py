@@ -1,0 +1,334 @@
+"""Gate 3 — long-generation stability (default 2048 new tokens, EOS suppressed).
+
+Both models decode greedily from the same prompts. Two kinds of evidence, per window of
+`window` positions:
+
+- Teacher-forced drift: the candidate scores the REFERENCE's continuation (so both models see
+  the same tokens) through its KV cache, `piece` tokens at a time, exactly as decoding fills
+  the cache; per window, top-1 agreement and mean KLD(ref‖cand). Quantization error that
+  accumulates with context (an FP8 KV cache is the classic case) shows as late windows (the
+  last `edge` positions) worse than early ones (the first `edge`): drift = late − early.
+- Health of each model's OWN continuation: seq-rep-4, distinct-2, a loop detector, premature
+  EOS, non-finite logits, and the reference's NLL of the text ("judge NLL").
+
+Small models loop under greedy decoding by themselves, so every health figure is compared with
+the reference's own continuation of the same prompt: the gate fails on collapse the reference
+does not show. The per-window series go to report.json for plotting.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from typing import Any
+
+import numpy as np
+import torch
+
+from ..config import GateConfig, Sized
+from ..data import dataset_identity, load_dataset
+from ..errors import DataError
+from ..metrics import detect_loop, distinct_n, mean_estimate, proportion, seq_rep_n, sized_threshold, windows
+from ..metrics.estimate import Z95, Estimate
+from ..metrics.tokens import first_nonfinite, nll_of_targets, token_stats
+from ..progress import SILENT
+from ..reference import GenerationSettings, cached_generations, render_prompts
+from ..verdict import GateResult, Threshold
+from . import GATES, GateContext, GateSpec
+
+LOOP_MAX_PERIOD = 64  # DESIGN: a period of at most 64 tokens ...
+LOOP_SPAN = 256  # ... repeating through the last 256
+
+
+def prompt_records(ctx: GateContext) -> list[dict[str, Any]]:
+    g = ctx.config.gates.longgen
+    ds = load_dataset(g.prompts, ctx.config.resolve(g.prompts))
+    records = ds.records[: g.max_prompts] if g.max_prompts else ds.records
+    for i, r in enumerate(records):
+        if not isinstance(r.get("prompt"), str) or not r["prompt"].strip():
+            raise DataError(f"{g.prompts}: record {i} needs a non-empty string field 'prompt' (optional: id, lang, kind).")
+    return records
+
+
+def _pieces(engine: Any, ids: list[int], piece: int) -> Any:
+    return engine.logits_pieces(torch.tensor([ids]), piece)
+
+
+def teacher_forced(ctx: GateContext, prompt: list[int], cont: list[int], piece: int) -> dict[str, np.ndarray]:
+    """Per continuation position: KLD(ref‖cand), top-1 agreement, both NLLs, finiteness.
+
+    Logits at position t predict token t+1, so continuation token j (at t = len(prompt) + j)
+    is scored from the logits at t − 1. Both engines walk the sequence in the same pieces.
+    """
+    ids = prompt + cont
+    first, last = len(prompt) - 1, len(ids) - 1  # logits rows that predict continuation tokens
+    parts: dict[str, list[np.ndarray]] = {}
+    start = 0
+    for lr, lc in zip(_pieces(ctx.reference, ids, piece), _pieces(ctx.candidate, ids, piece)):
+        end = start + lr.shape[1]
+        lo, hi = max(start, first), min(end, last)
+        if lo < hi:
+            targets = torch.tensor(ids[lo + 1 : hi + 1])
+            s = token_stats(lr[0, lo - start : hi - start], lc[0, lo - start : hi - start], targets)
+            for k, v in s.items():
+                parts.setdefault(k, []).append(v.numpy())
+        start = end
+        del lr, lc
+    return {k: np.concatenate(v) for k, v in parts.items()}
+
+
+def judge_nll(ctx: GateContext, prompt: list[int], cont: list[int], piece: int) -> np.ndarray:
+    """The reference's NLL of each token of `cont` after `prompt` (the "judge" of a text)."""
+    ids = prompt + cont
+    first, last = len(prompt) - 1, len(ids) - 1
+    out, start = [], 0
+    for logits in _pieces(ctx.reference, ids, piece):
+        end = start + logits.shape[1]
+        lo, hi = max(start, first), min(end, last)
+        if lo < hi:
+            out.append(nll_of_targets(logits[0, lo - start : hi - start], torch.tensor(ids[lo + 1 : hi + 1])).numpy())
+        start = end
+    return np.concatenate(out) if out else np.zeros(0)
+
+
+def edges(n: int, edge: int) -> tuple[slice, slice]:
+    """The early (first `edge`) and late (last `edge`) positions of an n-token continuation.
+
+    >>> edges(2048, 512)
+    (slice(0, 512, None), slice(1536, 2048, None))
+    """
+    return slice(0, min(edge, n)), slice(max(0, n - edge), n)
+
+
+def health(tokens: list[int], window: int, edge: int, span: int) -> dict[str, Any]:
+    """One continuation's own health: per-window seq-rep-4 / distinct-2 / loop at the window's
+    end, the late part's seq-rep-4 and distinct-2, and the loop period at the very end."""
+    spans = windows(len(tokens), window)
+    _, late = edges(len(tokens), edge)
+    return {
+        "seq_rep4": [seq_rep_n(tokens[s:e], 4) for s, e in spans],
+        "distinct2": [distinct_n(tokens[s:e], 2) for s, e in spans],
+        "loop": [detect_loop(tokens[:e], max_period=LOOP_MAX_PERIOD, span=span) for _, e in spans],
+        "late_seq_rep4": seq_rep_n(tokens[late], 4),
+        "late_distinct2": distinct_n(tokens[late], 2),
+        "loop_period": detect_loop(tokens, max_period=LOOP_MAX_PERIOD, span=span),
+    }
+
+
+def _window_mean(arrays: list[np.ndarray], s: int, e: int) -> float | None:
+    vals = [a[s:e].mean() for a in arrays if a.size >= e]
+    return float(np.mean(vals)) if vals else None
+
+
+def _diff(a: Estimate, b: Estimate) -> Estimate:
+    """a − b of two estimates from disjoint position sets, standard errors in quadrature."""
+    se = math.sqrt((a.stderr or 0.0) ** 2 + (b.stderr or 0.0) ** 2)
+    v = a.value - b.value
+    return Estimate(v, se, v - Z95 * se, v + Z95 * se, a.n)
+
+
+def _count(x: float, n: int) -> Estimate:
+    return Estimate(x, n=n)
+
+
+def run(ctx: GateContext) -> GateResult:
+    t0 = time.perf_counter()
+    g = ctx.config.gates.longgen
+    records = prompt_records(ctx)
+    prompts, rendering = render_prompts(ctx.tokenizer, [r["prompt"] for r in records])
+    settings = GenerationSettings(new_tokens=g.new_tokens, suppress_eos=g.suppress_eos, batch_size=g.batch_size)
+    ref = cached_generations(ctx, "longgen", prompts, settings)
+    progress = ctx.progress or SILENT
+    with progress.task(f"gate 3: candidate generates ({len(prompts)} × {g.new_tokens} tokens)", len(prompts)) as advance:
+        cand = ctx.candidate.generate(prompts, g.new_tokens, suppress_eos=g.suppress_eos, batch_size=g.batch_size, progress=advance)
+    gen_seconds = time.perf_counter() - t0
+    info: dict[str, Any] = {"prompts_file": g.prompts, "prompts": len(prompts), "rendering": rendering, "new_tokens": g.new_tokens,
+                            "suppress_eos": g.suppress_eos, "window": g.window, "edge": g.edge, "piece": g.piece,
+                            "reference_generation": ref.describe(), "candidate_generation_seconds": round(gen_seconds, 2)}
+    for name, gen in (("reference", ref.generation), ("candidate", cand)):
+        bad = [(i, s) for i, s in enumerate(gen.first_nonfinite_step) if s is not None]
+        if bad:
+            status = "error" if name == "reference" else "nonfinite"
+            return GateResult("longgen", status, details=info, seconds=time.perf_counter() - t0,
+                              error=f"the {name} produced non-finite logits while generating: prompt {bad[0][0]}, step {bad[0][1]}")
+
+    seqs: list[dict[str, Any]] = []
+    with progress.task("gate 3: teacher-forced drift and judge NLL", len(prompts)) as advance:
+        for i, p in enumerate(prompts):
+            r, c = ref.generation.tokens[i], cand.tokens[i]
+            tf = teacher_forced(ctx, p, r, g.piece)
+            if (j := first_nonfinite(torch.from_numpy(tf["finite_ref"]))) is not None:
+                return GateResult("longgen", "error", details=info, seconds=time.perf_counter() - t0,
+                                  error=f"the REFERENCE produced non-finite logits on its own continuation of prompt {i}, position {j}")
+            if (j := first_nonfinite(torch.from_numpy(tf["finite_cand"]))) is not None:
+                return GateResult("longgen", "nonfinite", details=info, seconds=time.perf_counter() - t0,
+                                  error=f"the candidate produced non-finite logits scoring the reference's continuation of prompt {i}, position {j}")
+            # an identical continuation needs no second pass: its judge NLL is the reference's own
+            judge = tf["nll_ref"] if c == r else judge_nll(ctx, p, c, g.piece)
+            seqs.append({"tf": tf, "judge_cand": judge, "ref": r, "cand": c})
+            advance(1)
+    return summarize(ctx.config, records, seqs, ref.generation.eos_step, cand.eos_step, info, time.perf_counter() - t0)
+
+
+def summarize(cfg: GateConfig, records: list[dict[str, Any]], seqs: list[dict[str, Any]], ref_eos: list[int | None],
+              cand_eos: list[int | None], info: dict[str, Any], seconds: float) -> GateResult:
+    """Measurements, the per-window series and per-prompt figures from the per-sequence arrays."""
+    g = cfg.gates.longgen
+    n = len(seqs)
+    span = min(LOOP_SPAN, max(1, g.new_tokens // 2))  # short test runs scale the loop span down
+    early_kld, late_kld, early_top1, late_top1 = [], [], [], []
+    ref_late_nll, cand_late_nll, per_prompt = [], [], []
+    ref_health, cand_health = [], []
+    for i, s in enumerate(seqs):
+        tf = s["tf"]
+        e, l = edges(tf["kld"].size, g.edge)
+        early_kld.append(tf["kld"][e]), late_kld.append(tf["kld"][l])
+        early_top1.append(tf["top1"][e]), late_top1.append(tf["top1"][l])
+        rh, ch = health(s["ref"], g.window, g.edge, span), health(s["cand"], g.window, g.edge, span)
+        ref_health.append(rh), cand_health.append(ch)
+        _, rl = edges(len(s["ref"]), g.edge)
+        _, cl = edges(len(s["cand"]), g.edge)
+        ref_late_nll.append(float(tf["nll_ref"][rl].mean()) if tf["nll_ref"][rl].size else float("nan"))
+        cand_late_nll.append(float(s["judge_cand"][cl].mean()) if s["judge_cand"][cl].size else float("nan"))
+        diverge = next((k for k, (a, b) in enumerate(zip(s["ref"], s["cand"])) if a != b), None)
+        if diverge is None and len(s["ref"]) != len(s["cand"]):
+            diverge = min(len(s["ref"]), len(s["cand"]))
+        rec = records[i]
+        per_prompt.append({"id": rec.get("id", str(i)), "lang": rec.get("lang"), "kind": rec.get("kind"),
+                           "ref_tokens": len(s["ref"]), "cand_tokens": len(s["cand"]), "first_divergence": diverge,
+                           "early_kld": float(tf["kld"][e].mean()), "late_kld": float(tf["kld"][l].mean()),
+                           "early_top1": float(tf["top1"][e].mean()), "late_top1": float(tf["top1"][l].mean()),
+                           "ref_late_seq_rep4": rh["late_seq_rep4"], "cand_late_seq_rep4": ch["late_seq_rep4"],
+                           "ref_late_nll": ref_late_nll[-1], "cand_late_judge_nll": cand_late_nll[-1],
+                           "ref_loop_period": rh["loop_period"], "cand_loop_period": ch["loop_period"],
+                           "ref_eos_step": ref_eos[i] if i < len(ref_eos) else None,
+                           "cand_eos_step": cand_eos[i] if i < len(cand_eos) else None})
+
+    ek, lk = mean_estimate(np.concatenate(early_kld)), mean_estimate(np.concatenate(late_kld))
+    et, lt = proportion(np.concatenate(early_top1)), proportion(np.concatenate(late_top1))
+    rep_excess = np.array([c["late_seq_rep4"] - r["late_seq_rep4"] for r, c in zip(ref_health, cand_health)])
+    nll_excess = np.array(cand_late_nll) - np.array(ref_late_nll)
+    ref_loops = sum(h["loop_period"] is not None for h in ref_health)
+    cand_loops = sum(h["loop_period"] is not None for h in cand_health)
+    measurements = {
+        "late_top1": lt, "early_top1": et, "late_kld": lk, "early_kld": ek,
+        "late_drift": _diff(lk, ek),  # the gated drift: late mean KLD − early mean KLD
+        "top1_drift": _diff(et, lt),  # early − late agreement: positive = agreement decays
+        "seq_rep4_excess": mean_estimate(rep_excess),
+        "judge_nll_excess": mean_estimate(nll_excess),
+        "loops_excess": _count(cand_loops - ref_loops, n),
+    }
+    ref_stops = sum(s is not None and s + 1 < g.new_tokens for s in ref_eos)
+    cand_stops = sum(s is not None and s + 1 < g.new_tokens for s in cand_eos)
+    if not g.suppress_eos:
+        measurements["premature_eos_excess"] = _count(cand_stops - ref_stops, n)
+
+    series = window_series([s["tf"] for s in seqs], [s["judge_cand"] for s in seqs], ref_health, cand_health, g.window,
+                           max(len(s["ref"]) for s in seqs))
+    pooled = np.concatenate(early_kld + late_kld)
+    details = {**info, "loop_span": span, "loop_max_period": LOOP_MAX_PERIOD, "windows": series, "per_prompt": per_prompt,
+               "ref_loops": ref_loops, "cand_loops": cand_loops, "ref_eos_stops": ref_stops, "cand_eos_stops": cand_stops,
+               "sizing": {"edge_positions": int(min(ek.n or 0, lk.n or 0)), "kld_sigma": float(np.std(pooled, ddof=1)) if pooled.size > 1 else 0.0,
+                          "early_top1": et.value, "early_kld": ek.value, "prompts": n,
+                          "ref_late_seq_rep4_sigma": _sd([h["late_seq_rep4"] for h in ref_health]),
+                          "ref_late_nll_sigma": _sd(ref_late_nll), "ref_loop_rate": ref_loops / n if n else float("nan"),
+                          "ref_eos_rate": ref_stops / n if n else float("nan")}}
+    return GateResult("longgen", "ok", measurements, details, seconds=seconds)
+
+
+def _sd(x: list[float]) -> float:
+    return float(np.std(x, ddof=1)) if len(x) > 1 else float("nan")
+
+
+def window_series(tfs: list[dict[str, np.ndarray]], judges: list[np.ndarray], ref_health: list[dict[str, Any]],
+                  cand_health: list[dict[str, Any]], window: int, longest: int) -> list[dict[str, Any]]:
+    """One row per window, averaged over the prompts whose continuation reaches it."""
+    rows = []
+    for k, (s, e) in enumerate(windows(longest, window)):
+        def at(hs: list[dict[str, Any]], key: str) -> float | None:
+            vals = [h[key][k] for h in hs if k < len(h[key])]
+            return float(np.mean(vals)) if vals else None
+
+        def loops(hs: list[dict[str, Any]]) -> int:
+            return sum(1 for h in hs if k < len(h["loop"]) and h["loop"][k] is not None)
+
+        rows.append({"start": s, "end": e,
+                     "top1": _window_mean([t["top1"].astype(np.float64) for t in tfs], s, e),
+                     "kld": _window_mean([t["kld"] for t in tfs], s, e),
+                     "ref_nll": _window_mean([t["nll_ref"] for t in tfs], s, e),
+                     "cand_judge_nll": _window_mean(judges, s, e),
+                     "ref_seq_rep4": at(ref_health, "seq_rep4"), "cand_seq_rep4": at(cand_health, "seq_rep4"),
+                     "ref_distinct2": at(ref_health, "distinct2"), "cand_distinct2": at(cand_health, "distinct2"),
+                     "ref_loops": loops(ref_health), "cand_loops": loops(cand_health)})
+    return rows
+
+
+# --- thresholds ------------------------------------------------------------------------------
+
+_WHAT = {
+    "late_top1": "top-1 agreement on the reference's continuation, last `edge` positions",
+    "late_kld": "mean KLD(ref‖cand) on the reference's continuation, last `edge` positions, nats",
+    "late_drift": "late mean KLD − early mean KLD, nats (error that accumulates with context)",
+    "seq_rep4_excess": "candidate late seq-rep-4 − reference late seq-rep-4 (mean over prompts)",
+    "judge_nll_excess": "reference NLL of the candidate's late text − of its own late text, nats/token",
+    "loops_excess": "prompts whose continuation ends in a loop: candidate − reference",
+    "premature_eos_excess": "prompts stopped by EOS before new_tokens: candidate − reference",
+}
+
+
+def _sized(metric: str, limit: Sized, z: dict[str, Any]) -> Threshold:
+    """Sized limits. Drift-type figures are sized against the candidate's own EARLY windows
+    (under "no accumulation" late equals early; σ = per-position spread, n = positions per
+    edge); health excesses against the reference's spread over prompts (n = prompts)."""
+    n_pos, n_pr = z["edge_positions"], z["prompts"]
+    if metric == "late_top1":
+        p = z["early_top1"]
+        args, ref, hib = (math.sqrt(max(p * (1 - p), 0.0)), n_pos), p, True
+    elif metric in ("late_kld", "late_drift"):
+        args, ref, hib = (z["kld_sigma"], n_pos), (z["early_kld"] if metric == "late_kld" else 0.0), False
+    elif metric == "seq_rep4_excess":
+        args, ref, hib = (z["ref_late_seq_rep4_sigma"], n_pr), 0.0, False
+    elif metric == "judge_nll_excess":
+        args, ref, hib = (z["ref_late_nll_sigma"], n_pr), 0.0, False
+    else:  # counts of prompts: σ of the reference's 0/1 outcome, scaled from a rate to a count
+        rate = z["ref_loop_rate"] if metric == "loops_excess" else z["ref_eos_rate"]
+        args, ref, hib = (math.sqrt(max(rate * (1 - rate), 0.0)), n_pr), 0.0, False
+    sigma, n = args
+    try:
+        s = sized_threshold(ref, sigma, n, alpha=limit.alpha, beta=limit.beta, higher_is_better=hib)
+    except ValueError as err:
+        return Threshold("longgen", metric, "min" if hib else "max", float("nan"), f"{_WHAT[metric]} (cannot be sized: {err})", "sized")
+    scale = n if metric in ("loops_excess", "premature_eos_excess") else 1
+    return Threshold("longgen", metric, "min" if hib else "max", ref + (s.threshold - ref) * scale, _WHAT[metric], "sized",
+                     s.min_detectable_effect * scale, {"sigma": sigma, "n": n, "alpha": limit.alpha, "beta": limit.beta, "relative_to": ref})
+
+
+def thresholds(cfg: GateConfig, result: GateResult | None) -> list[Threshold]:
+    g = cfg.gates.longgen
+    limits: list[tuple[str, Any]] = [("late_top1", g.min_late_top1), ("late_kld", g.max_late_kld), ("late_drift", g.max_late_drift),
+                                     ("seq_rep4_excess", g.max_seq_rep4_excess), ("judge_nll_excess", g.max_judge_nll_excess),
+                                     ("loops_excess", g.max_loops_excess)]
+    if not g.suppress_eos:
+        limits.append(("premature_eos_excess", g.max_premature_eos_excess))
+    usable = result is not None and result.status == "ok"
+    out = []
+    for metric, limit in limits:
+        if limit is None:
+            continue
+        if isinstance(limit, Sized):
+            if usable:
+                out.append(_sized(metric, limit, result.details["sizing"]))  # type: ignore[union-attr]
+            else:
+                out.append(Threshold("longgen", metric, "min" if metric == "late_top1" else "max", float("nan"), _WHAT[metric], "sized"))
+        else:
+            out.append(Threshold("longgen", metric, "min" if metric == "late_top1" else "max", float(limit), _WHAT[metric]))
+    return out
+
+
+def inputs(cfg: GateConfig) -> dict[str, Any]:
+    g = cfg.gates.longgen
+    limits = {k for k in type(g).model_fields if k.startswith(("min_", "max_")) and k != "max_prompts"} | {"enabled"}
+    return {"gate": g.model_dump(mode="json", exclude=limits), "data": dataset_identity(g.prompts, cfg.resolve(g.prompts))}
+
+
+GATES.register("longgen")(GateSpec("longgen", run, thresholds, inputs, lambda c: c.gates.longgen.enabled))

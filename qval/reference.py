@@ -1,0 +1,142 @@
+"""Reference outputs, computed once and shared by every candidate (the design's stage 4).
+
+The reference's greedy generations for gate 2 (BLEU prompts) and gate 3 (2048-token long
+generation) cost minutes on a CPU and do not depend on the candidate at all, so they are
+stored under `<report dir>/.reference/<key>/<kind>.json` and reused by every candidate, every
+later run and every process of a sweep. The key hashes everything the tokens depend on:
+
+- the reference model's fingerprint and the dtype/device it computes in,
+- the prompt token ids themselves (the data, the tokenizer and its chat template in one),
+- the generation settings (new tokens, EOS handling, batch size: left padding changes numerics),
+- the library versions that run the model (torch, transformers, qval).
+
+Writes are atomic, so two processes that miss at once both generate and the last rename wins
+with identical content; a half-written or unreadable file is a miss, never a wrong answer.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata as md
+import json
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from .engines.base import Generation
+from .errors import DataError
+from .io import atomic_write_json, hash_json
+
+if TYPE_CHECKING:
+    from .gates import GateContext
+
+CACHE_VERSION = 1
+
+
+@dataclass(frozen=True)
+class GenerationSettings:
+    """How both models decode: greedy, `new_tokens` at most, EOS suppressed or a stop."""
+
+    new_tokens: int
+    suppress_eos: bool
+    batch_size: int
+
+
+@dataclass(frozen=True)
+class CachedGeneration:
+    """The reference's generations and whether they came from the cache (`hit`)."""
+
+    generation: Generation
+    hit: bool
+    key: str
+    path: Path
+    seconds: float  # time the reference spent generating; 0.0 on a hit
+
+    def describe(self) -> dict[str, Any]:
+        return {"cached": self.hit, "key": self.key, "path": str(self.path), "seconds": round(self.seconds, 2)}
+
+
+def render_prompts(tokenizer: Any, prompts: list[str]) -> tuple[list[list[int]], str]:
+    """Token ids of each prompt as a user turn of the tokenizer's chat template (with the
+    assistant's opening, so the model answers), or the raw text when there is no template.
+
+    Instruct models answer a bare prompt badly (they continue it as if it were their own
+    text), so the template decides whether BLEU measures the model or the prompt format.
+    Returns the ids and "chat_template" or "raw", which the report states.
+    """
+    if getattr(tokenizer, "chat_template", None):
+        texts = [tokenizer.apply_chat_template([{"role": "user", "content": p}], add_generation_prompt=True, tokenize=False)
+                 for p in prompts]
+        how = "chat_template"
+    else:
+        texts, how = list(prompts), "raw"
+    ids = [list(tokenizer(t, add_special_tokens=how == "raw")["input_ids"]) for t in texts]
+    for i, row in enumerate(ids):
+        if not row:
+            raise DataError(f"prompt {i} tokenizes to nothing; remove the empty prompt from the prompt file.")
+    return ids, how
+
+
+def _versions() -> dict[str, str | None]:
+    out: dict[str, str | None] = {}
+    for pkg in ("torch", "transformers", "qval"):
+        try:
+            out[pkg] = md.version(pkg)
+        except md.PackageNotFoundError:
+            out[pkg] = None
+    return out
+
+
+def generation_inputs(ctx: "GateContext", kind: str, prompts: list[list[int]], settings: GenerationSettings) -> dict[str, Any]:
+    """Everything the reference's tokens depend on; its hash is the cache key."""
+    engine = ctx.reference.describe()
+    return {
+        "cache_version": CACHE_VERSION,
+        "kind": kind,
+        "reference": ctx.reference_fingerprint,
+        "compute": {"device": engine.get("device"), "dtype": engine.get("dtype"), "backend": engine.get("backend")},
+        "prompts": hash_json(prompts),
+        "prompt_count": len(prompts),
+        "settings": asdict(settings),
+        "versions": _versions(),
+    }
+
+
+def _read(path: Path, key: str) -> Generation | None:
+    """The stored generation when the file is whole and holds this key; else None (a miss)."""
+    try:
+        blob = json.loads(path.read_text(encoding="utf-8"))
+        if blob.get("key") != key:
+            return None
+        return Generation.from_dict(blob["generation"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def cached_generations(
+    ctx: "GateContext", kind: str, prompts: list[list[int]], settings: GenerationSettings
+) -> CachedGeneration:
+    """The reference's greedy generations for `prompts`: read from the shared cache, or
+    generated now (with progress) and stored for every later candidate.
+
+    `kind` names the use ("bleu", "longgen"); it keeps the files apart and readable.
+    """
+    inputs = generation_inputs(ctx, kind, prompts, settings)
+    key = hash_json(inputs)
+    path = Path(ctx.shared_cache) / key[:16] / f"{kind}.json"
+    stored = _read(path, key) if path.is_file() else None
+    if stored is not None and len(stored.tokens) == len(prompts):
+        return CachedGeneration(stored, hit=True, key=key, path=path, seconds=0.0)
+    t0 = time.perf_counter()
+    label = f"reference generates {kind} ({len(prompts)} prompts × {settings.new_tokens} tokens)"
+    progress = ctx.progress
+    if progress is not None:
+        with progress.task(label, len(prompts)) as advance:
+            gen = ctx.reference.generate(prompts, settings.new_tokens, suppress_eos=settings.suppress_eos,
+                                         batch_size=settings.batch_size, progress=advance)
+    else:
+        gen = ctx.reference.generate(prompts, settings.new_tokens, suppress_eos=settings.suppress_eos,
+                                     batch_size=settings.batch_size)
+    seconds = time.perf_counter() - t0
+    atomic_write_json(path, {"key": key, "inputs": inputs, "seconds": round(seconds, 2), "generation": gen.to_dict()})
+    return CachedGeneration(gen, hit=False, key=key, path=path, seconds=seconds)

@@ -1,0 +1,263 @@
+"""`qval sweep`: many candidate configs against one reference, ranked, with a recommendation.
+
+The reference is loaded once and handed to every candidate's run; every run folder sits under
+one output folder, so the reference's generations (gates 2 and 3, `qval.reference`) are computed
+by the first candidate that needs them and read from `<out>/.reference/` by all the others.
+Gate 1's teacher-forced reference logits are recomputed per candidate (cheaper than storing
+tokens × vocab; KLD stays exact).
+
+The ranking puts the candidates that pass every gate first, smallest deployment first (weights
+plus the KV cache of `context` tokens for `batch` sequences), and recommends the first of them:
+the smallest configuration that passes every gate. A candidate that cannot be built here
+(e.g. nvfp4 without a GPU) is listed with its error and never recommended.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from .config import GateConfig, QuantFormat, load_config
+from .errors import ConfigError, QvalError
+from .io import atomic_write_json, atomic_write_text, hash_json
+
+if TYPE_CHECKING:
+    import torch
+
+    from .models import LoadedModel
+    from .pipeline import RunResult
+    from .progress import Progress
+
+KEY_FIGURES = (("agreement", "top1"), ("agreement", "mean_kld"), ("agreement", "p99_kld"),
+               ("quality", "ppl_ratio"), ("longgen", "late_kld"))
+
+
+@dataclass
+class Footprint:
+    """Deployment memory of one candidate, estimated from the reference's shapes."""
+
+    weight_bits: float  # average stored bits per parameter, scales included
+    weight_bytes: float
+    kv_bytes_per_token: float  # one sequence, all layers, K and V
+    kv_bytes: float  # at the sweep's context × batch
+
+    @property
+    def total_bytes(self) -> float:
+        return self.weight_bytes + self.kv_bytes
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"weight_bits": round(self.weight_bits, 4), "weight_bytes": int(self.weight_bytes),
+                "kv_bytes_per_token": int(self.kv_bytes_per_token), "kv_bytes": int(self.kv_bytes),
+                "total_bytes": int(self.total_bytes)}
+
+
+def _excluded(name: str, patterns: list[str]) -> bool:
+    # the same globs build_mtq_config hands ModelOpt: on the module, or on its quantizers
+    return any(fnmatch.fnmatch(name, p) or fnmatch.fnmatch(f"{name}.weight_quantizer", p) for p in patterns)
+
+
+def footprint(cfg: GateConfig, model: "torch.nn.Module", context: int, batch: int) -> Footprint:
+    """Quantized linears at the format's bits per weight, every other parameter at the deployment
+    dtype (`model.dtype` of the config: 16 bits for float16/bfloat16); tied tensors count once.
+    KV cache: 2 (K, V) × layers × KV heads × head dim per token, 1 byte each for fp8, else the
+    deployment dtype.
+
+    >>> import torch
+    >>> m = torch.nn.Sequential(torch.nn.Linear(4, 2, bias=False))
+    >>> m.config = type("C", (), {"num_hidden_layers": 1, "num_attention_heads": 1, "hidden_size": 4})()
+    >>> cfg = GateConfig.model_validate({"name": "x", "quant": {"format": "fp8", "exclude": []},
+    ...                                  "gates": {"agreement": {"enabled": False}}})
+    >>> footprint(cfg, m, context=10, batch=1).to_dict()
+    {'weight_bits': 8.0, 'weight_bytes': 8, 'kv_bytes_per_token': 16, 'kv_bytes': 160, 'total_bytes': 168}
+    """
+    from .quantize.formats import FORMATS
+
+    hp_bits = 32 if cfg.model.dtype == "float32" else 16
+    qbits = FORMATS.get(cfg.quant.format.value).weight_bits
+    quantize = cfg.quant.format is not QuantFormat.none
+    seen: set[int] = set()
+    bits = params = 0.0
+    linear_weights = {}
+    import torch
+
+    for name, module in model.named_modules():
+        if isinstance(module, torch.nn.Linear):
+            linear_weights[module.weight.data_ptr()] = quantize and not _excluded(name, cfg.quant.exclude)
+    for p in model.parameters():
+        if p.data_ptr() in seen:
+            continue
+        seen.add(p.data_ptr())
+        params += p.numel()
+        bits += p.numel() * (qbits if linear_weights.get(p.data_ptr(), False) else hp_bits)
+    c = model.config
+    heads = getattr(c, "num_attention_heads", 1)
+    kv_heads = getattr(c, "num_key_value_heads", None) or heads
+    head_dim = getattr(c, "head_dim", None) or c.hidden_size // heads
+    kv_elem = 1 if (quantize and cfg.quant.kv_cache.value == "fp8") else hp_bits / 8
+    per_token = 2 * c.num_hidden_layers * kv_heads * head_dim * kv_elem
+    return Footprint(bits / params, bits / 8, per_token, per_token * context * batch)
+
+
+@dataclass
+class SweepEntry:
+    config: GateConfig
+    alpha: float | None
+    footprint: Footprint | None = None
+    run: "RunResult | None" = None
+    error: str | None = None
+    seconds: float = 0.0
+
+    @property
+    def status(self) -> str:
+        if self.run is None:
+            return "ERROR"
+        return "APPROVE" if self.run.verdict.approved else "REJECT"
+
+    def figures(self) -> dict[str, float | None]:
+        out: dict[str, float | None] = {}
+        gates = self.run.report["gates"] if self.run else {}
+        for g, m in KEY_FIGURES:
+            e = gates.get(g, {}).get("measurements", {}).get(m)
+            out[f"{g}.{m}"] = e.get("value") if e else None
+        return out
+
+    def to_dict(self) -> dict[str, Any]:
+        d: dict[str, Any] = {"name": self.config.name, "config_file": self.config.source_file, "format": self.config.quant.format.value,
+                             "kv_cache": self.config.quant.kv_cache.value, "engine": self.config.engine.backend,
+                             "status": self.status, "footprint": self.footprint.to_dict() if self.footprint else None,
+                             "figures": self.figures(), "seconds": round(self.seconds, 2)}
+        if self.run:
+            d["failed_checks"] = [f"{c.gate}/{c.metric}: {c.reason}" for c in self.run.verdict.failures]
+            d["report"] = str(self.run.run_dir / "report.md")
+        if self.error:
+            d["error"] = self.error
+        return d
+
+
+@dataclass
+class SweepResult:
+    entries: list[SweepEntry]
+    folder: Path
+    context: int
+    batch: int
+    reference: dict[str, Any] = field(default_factory=dict)
+
+    def ranked(self) -> list[SweepEntry]:
+        order = {"APPROVE": 0, "REJECT": 1, "ERROR": 2}
+
+        def key(e: SweepEntry) -> tuple[Any, ...]:
+            size = e.footprint.total_bytes if e.footprint else float("inf")
+            kld = e.figures().get("agreement.mean_kld")
+            fails = len(e.run.verdict.failures) if e.run else 0
+            return (order[e.status], fails if e.status == "REJECT" else 0, size, kld if kld is not None else float("inf"))
+
+        return sorted(self.entries, key=key)
+
+    @property
+    def recommended(self) -> SweepEntry | None:
+        best = self.ranked()[0] if self.entries else None
+        return best if best is not None and best.status == "APPROVE" else None
+
+    @property
+    def exit_code(self) -> int:
+        return 0 if self.recommended else 1
+
+    def recommendation(self) -> str:
+        r = self.recommended
+        if r is None:
+            return "no candidate passes every gate: none is recommended."
+        fp = r.footprint
+        return (f"{r.config.name}: the smallest configuration that passes every gate "
+                f"({fp.weight_bits:.2f} bits/weight, weights {fp.weight_bytes / 2**20:.1f} MiB, "
+                f"KV cache {fp.kv_bytes / 2**20:.1f} MiB at {self.context} tokens × {self.batch}).")
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"schema": "qval.sweep", "schema_version": 1, "context": self.context, "batch": self.batch,
+                "reference": self.reference, "ranking": [e.to_dict() for e in self.ranked()],
+                "recommended": self.recommended.config.name if self.recommended else None,
+                "recommendation": self.recommendation()}
+
+
+def expand(paths: list[Path]) -> list[tuple[GateConfig, float | None]]:
+    """Every config (an alpha list becomes one candidate per alpha); all problems at once."""
+    from .pipeline import expand_alphas
+
+    out, problems = [], []
+    for p in paths:
+        try:
+            out.extend(expand_alphas(load_config(p)))
+        except ConfigError as err:
+            problems.append(str(err))
+    if problems:
+        raise ConfigError("\n".join(problems))
+    if not out:
+        raise ConfigError("qval sweep needs at least one config file (e.g. qval sweep checks/*.yaml).")
+    names = [c.name for c, _ in out]
+    dupes = sorted({n for n in names if names.count(n) > 1})
+    if dupes:
+        raise ConfigError(f"candidate names must be unique in a sweep (they name the run folders); repeated: {', '.join(dupes)}.")
+    models = {hash_json(c.model.model_dump(mode="json")): c for c, _ in out}
+    if len(models) > 1:
+        a, b = list(models.values())[:2]
+        raise ConfigError(f"a sweep compares candidates of one reference, but {a.source_file} and {b.source_file} name "
+                          f"different models ({a.model.model_dump(exclude_none=True)} vs {b.model.model_dump(exclude_none=True)}).")
+    return out
+
+
+def run_sweep(paths: list[Path], progress: "Progress", out_dir: str | None = None, context: int = 4096, batch: int = 1,
+              reference: "LoadedModel | None" = None) -> SweepResult:
+    """Gate every candidate against one loaded reference; write sweep.json and sweep.md."""
+    from .models import load_model
+    from .pipeline import run_gate
+
+    candidates = expand(paths)
+    folder = Path(out_dir or candidates[0][0].report.dir)
+    if reference is None:
+        progress.log(f"loading the reference once for {len(candidates)} candidates …")
+        reference = load_model(candidates[0][0].model)
+    result = SweepResult(entries=[], folder=folder, context=context, batch=batch, reference=reference.describe())
+    for i, (cfg, alpha) in enumerate(candidates, 1):
+        progress.log(f"sweep {i}/{len(candidates)}: {cfg.name}")
+        entry = SweepEntry(cfg, alpha, footprint=footprint(cfg, reference.model, context, batch))
+        t0 = time.perf_counter()
+        try:
+            entry.run = run_gate(cfg, progress, str(folder), alpha, reference=reference)
+        except QvalError as err:  # this candidate cannot run here; the others still can
+            entry.error = str(err)
+        entry.seconds = time.perf_counter() - t0
+        result.entries.append(entry)
+    atomic_write_json(folder / "sweep.json", result.to_dict())
+    atomic_write_text(folder / "sweep.md", render(result))
+    return result
+
+
+def _mib(x: float) -> str:
+    return f"{x / 2**20:.1f}"
+
+
+def _num(x: float | None) -> str:
+    return "–" if x is None else f"{x:.4g}"
+
+
+def render(result: SweepResult) -> str:
+    lines = [f"# qval sweep: {len(result.entries)} candidates", "",
+             f"Reference: {result.reference.get('name')} (fingerprint `{str(result.reference.get('fingerprint'))[:12]}`), "
+             f"loaded once. KV cache sized for {result.context} tokens × {result.batch} sequence(s).", "",
+             f"**Recommendation**: {result.recommendation()}", "",
+             "| rank | candidate | verdict | format | KV | bits/weight | weights MiB | KV MiB | top-1 | mean KLD | p99 KLD | why not |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for rank, e in enumerate(result.ranked(), 1):
+        f, fp = e.figures(), e.footprint
+        why = e.error or ("; ".join(f"{c.gate}/{c.metric}" for c in e.run.verdict.failures) if e.run else "")
+        lines.append(f"| {rank} | {e.config.name} | {e.status} | {e.config.quant.format.value} | {e.config.quant.kv_cache.value} | "
+                     f"{fp.weight_bits:.2f} | {_mib(fp.weight_bytes)} | {_mib(fp.kv_bytes)} | {_num(f['agreement.top1'])} | "
+                     f"{_num(f['agreement.mean_kld'])} | {_num(f['agreement.p99_kld'])} | {why.replace('|', '/')[:160]} |")
+    lines += ["", "Memory is estimated from the reference's shapes: quantized linears at the format's bits per weight "
+              "(scales included), other parameters at the deployment dtype, tied tensors once.", ""]
+    for e in result.ranked():
+        if e.run:
+            lines.append(f"- {e.config.name}: {e.run.run_dir / 'report.md'}")
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,192 @@
+"""Gates 2 and 3 end to end on the real default model (SmolLM2-135M-Instruct), through the CLI
+as a user runs them: the identity candidate passes with exactly zero drift and reuses the
+reference's cached generations; a planted KV-cache fault is caught by gate 3; sliding-window
+perplexity agrees with transformers' own loss; one run takes the full 2048-token path."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from typer.testing import CliRunner
+
+from qval.cli import app
+
+from ..conftest import ROOT, small_config, write_config
+
+runner = CliRunner()
+
+
+def gate(tmp_path: Path, data: dict) -> tuple[int, dict, str]:
+    path = write_config(tmp_path, data, f"{data['name']}.yaml")
+    result = runner.invoke(app, ["gate", "--config", str(path), "--out", str(tmp_path / "reports"), "-q"])
+    out = result.output + result.stderr
+    report_file = tmp_path / "reports" / data["name"] / "report.json"
+    report = json.loads(report_file.read_text()) if report_file.exists() else {}
+    return result.exit_code, report, out
+
+
+def small_bleu_set(tmp_path: Path, per_lang: int = 3) -> str:
+    """A few prompts of the shipped BLEU set, both languages, to keep CI short."""
+    rows = [json.loads(x) for x in (ROOT / "calib_data/bleu_eval.jsonl").read_text(encoding="utf-8").splitlines() if x.strip()]
+    keep = [r for r in rows if r["lang"] == "en"][:per_lang] + [r for r in rows if r["lang"] == "zh"][:per_lang]
+    path = tmp_path / "bleu_small.jsonl"
+    path.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in keep), encoding="utf-8")
+    return str(path)
+
+
+def exact_gates(tmp_path: Path, name: str) -> dict:
+    """The identity candidate under limits that only an exact copy meets."""
+    return small_config(name, fmt="none", gates={
+        "agreement": {"dataset": str(ROOT / "calib_data/heldout_eval.jsonl"), "tokens": 2048, "ctx": 512, "min_top1": 1.0},
+        "quality": {"bleu_dataset": small_bleu_set(tmp_path), "bleu_max_new_tokens": 24, "bootstrap": 200,
+                    "max_ppl_ratio": 1.0, "max_bleu_drop": 0.0, "max_chrf_drop": {"sized": True}},
+        "longgen": {"new_tokens": 96, "window": 32, "edge": 32, "max_prompts": 2, "batch_size": 2, "min_late_top1": 1.0,
+                    "max_late_kld": 0.0, "max_late_drift": 0.0, "max_seq_rep4_excess": 0.0, "max_judge_nll_excess": 0.0},
+    })
+
+
+def test_identity_passes_all_three_gates_exactly_and_reuses_the_reference(tmp_path, patch_reference):
+    code, report, out = gate(tmp_path, exact_gates(tmp_path, "identity-a"))
+    assert code == 0, out
+    assert {c["gate"] for c in report["verdict"]["checks"]} == {"agreement", "quality", "longgen"}
+    q, lg = report["gates"]["quality"], report["gates"]["longgen"]
+    assert q["measurements"]["ppl_ratio"]["value"] == 1.0 and q["measurements"]["ppl_ratio"]["stderr"] == 0.0
+    assert q["details"]["ppl"]["positions"] == 4 * 255  # gate 1's positions: 4 chunks × (512/2 − 1)
+    for lang in ("en", "zh"):
+        g = q["details"]["bleu"]["groups"][lang]
+        assert g["bleu_cand_vs_ref"] == pytest.approx(100.0) and g["bleu_drop"]["value"] == 0.0
+        assert ("tok:zh" if lang == "zh" else "tok:13a") in g["signatures"]["bleu"]
+    assert q["details"]["bleu"]["rendering"] == "chat_template"
+    m = {k: v["value"] for k, v in lg["measurements"].items()}
+    assert m["late_drift"] == m["late_kld"] == m["early_kld"] == 0.0 and m["late_top1"] == 1.0
+    assert m["seq_rep4_excess"] == m["judge_nll_excess"] == m["loops_excess"] == 0.0
+    assert [(w["start"], w["end"]) for w in lg["details"]["windows"]] == [(0, 32), (32, 64), (64, 96)]
+    assert all(w["kld"] == 0.0 and w["top1"] == 1.0 for w in lg["details"]["windows"])
+    assert all(p["ref_tokens"] == 96 and p["first_divergence"] is None for p in lg["details"]["per_prompt"])
+    assert not q["details"]["bleu"]["reference_generation"]["cached"]
+    assert not lg["details"]["reference_generation"]["cached"]
+    md = (tmp_path / "reports/identity-a/report.md").read_text()
+    assert "Gate 2 — perplexity and BLEU/chrF" in md and "Gate 3 — long-generation stability" in md
+
+    # a second candidate under the same report folder: the reference does not generate again
+    code, report_b, out = gate(tmp_path, exact_gates(tmp_path, "identity-b"))
+    assert code == 0, out
+    assert report_b["gates"]["quality"]["details"]["bleu"]["reference_generation"]["cached"]
+    assert report_b["gates"]["longgen"]["details"]["reference_generation"]["cached"]
+    assert report_b["gates"]["longgen"]["details"]["reference_generation"]["path"] == lg["details"]["reference_generation"]["path"]
+    assert sorted(p.name for p in (tmp_path / "reports/.reference").glob("*/*.json")) == ["bleu.json", "longgen.json"]
+
+
+def damage_kv(factor: float):
+    """A fakequant builder whose K/V quantizer scales are `factor` times too small: keys and
+    values clip hard, the way a KV scale calibrated on the wrong data or mis-exported would."""
+    from qval.engines import ENGINES
+    from qval.quantize.modelopt_adapter import iter_quantizers
+
+    real = ENGINES.get("fakequant")
+
+    def build(ctx):
+        engine = real(ctx)
+        hit = 0
+        for name, q in iter_quantizers(engine.model):
+            if name.endswith(("k_bmm_quantizer", "v_bmm_quantizer")) and q.is_enabled:
+                q.amax = q.amax / factor
+                hit += 1
+        assert hit == 2 * 30, hit  # k and v in each of the 30 decoder layers
+        return engine
+
+    return build
+
+
+@pytest.mark.slow
+def test_kv_cache_fault_is_caught_by_gate3(tmp_path, patch_reference, monkeypatch, capsys):
+    from qval.engines import ENGINES
+
+    longgen = {"new_tokens": 128, "window": 32, "edge": 32, "max_prompts": 2, "batch_size": 2,
+               "min_late_top1": 0.6, "max_late_kld": 0.5, "max_seq_rep4_excess": 0.5}
+    figures = {}
+    for name, builder in (("kv-fp8", None), ("kv-fp8-amax-div50", damage_kv(50.0))):
+        if builder is not None:
+            monkeypatch.setitem(ENGINES._items, "fakequant", builder)
+        data = small_config(name, fmt="fp8", kv="fp8", gates={"longgen": longgen})
+        data["gates"]["agreement"]["tokens"] = 2048
+        code, report, out = gate(tmp_path, data)
+        assert code in (0, 1), out
+        figures[name] = report
+    healthy, broken = figures["kv-fp8"], figures["kv-fp8-amax-div50"]
+    with capsys.disabled():
+        for name, r in figures.items():
+            ag, lg = r["gates"]["agreement"]["measurements"], r["gates"]["longgen"]
+            print(f"\n{name}: gate 1 top-1 {ag['top1']['value']:.4f}, mean KLD {ag['mean_kld']['value']:.4f}, "
+                  f"p99 KLD {ag['p99_kld']['value']:.4f}")
+            print(f"{name}: gate 3 early KLD {lg['measurements']['early_kld']['value']:.4f} → late "
+                  f"{lg['measurements']['late_kld']['value']:.4f} (drift {lg['measurements']['late_drift']['value']:+.4f}), "
+                  f"late top-1 {lg['measurements']['late_top1']['value']:.4f}")
+            for w in lg["details"]["windows"]:
+                print(f"  window {w['start']:>4}–{w['end']:<4} top-1 {w['top1']:.3f}  KLD {w['kld']:.4f}  "
+                      f"seq-rep-4 ref/cand {w['ref_seq_rep4']:.3f}/{w['cand_seq_rep4']:.3f}")
+    failed = {c["metric"] for c in broken["verdict"]["checks"] if c["gate"] == "longgen" and c["outcome"] == "fail"}
+    assert {"late_top1", "late_kld"} <= failed, broken["verdict"]["checks"]
+    assert all(c["outcome"] == "pass" for c in healthy["verdict"]["checks"] if c["gate"] == "longgen"), healthy["verdict"]["checks"]
+    hb, bb = healthy["gates"]["longgen"]["measurements"], broken["gates"]["longgen"]["measurements"]
+    assert bb["late_kld"]["value"] > 10 * hb["late_kld"]["value"]
+
+
+def test_sliding_window_perplexity_agrees_with_transformers_loss(tmp_path, default_model):
+    """The HF strided-perplexity loop, written as the transformers guide writes it (labels with
+    -100, loss × scored tokens), against the gate's own sliding windows."""
+    from qval.config import parse_config
+    from qval.data import load_dataset, token_stream
+    from qval.engines.hf import HFEngine
+    from qval.gates import GateContext
+    from qval.gates.quality import sliding_nll
+
+    data = str(ROOT / "calib_data/heldout_eval.jsonl")
+    cfg = parse_config({"name": "s", "quant": {"format": "none"},
+                        "gates": {"agreement": {"dataset": data, "tokens": 700, "ctx": 256, "min_top1": 0.5},
+                                  "quality": {"windowing": "sliding", "stride": 96, "max_ppl_ratio": 1.1}}}, "s.yaml")
+    engine = HFEngine(default_model.model, default_model.tokenizer)
+    ctx = GateContext(config=cfg, reference=engine, candidate=engine, tokenizer=default_model.tokenizer, folder=tmp_path,
+                      shared_cache=tmp_path, reference_fingerprint="x")
+    nll_ref, nll_cand, info = sliding_nll(ctx)
+    tok = default_model.tokenizer
+    ids = torch.tensor([token_stream(load_dataset(data).texts(), tok, tok.eos_token_id)[:700]])
+    total, count, prev_end = 0.0, 0, 0
+    with torch.no_grad():
+        for begin in range(0, ids.shape[1], 96):
+            end = min(begin + 256, ids.shape[1])
+            trg_len = end - prev_end
+            x = ids[:, begin:end]
+            labels = x.clone()
+            labels[:, :-trg_len] = -100
+            loss = default_model.model(x, labels=labels).loss
+            scored = int((labels[:, 1:] != -100).sum())
+            total += float(loss) * scored
+            count += scored
+            prev_end = end
+            if end == ids.shape[1]:
+                break
+    assert nll_ref.size == count == 699 and info["windows"] == 6
+    assert float(nll_ref.mean()) == pytest.approx(total / count, rel=1e-5)
+    assert (nll_ref == nll_cand).all()
+
+
+@pytest.mark.slow
+def test_full_2048_token_path_on_the_real_model(tmp_path, patch_reference):
+    """The shipped defaults of gate 3 (2048 new tokens, windows of 256, early/late 512), one prompt."""
+    data = small_config("identity-2048", fmt="none", gates={
+        "agreement": {"enabled": False},
+        "longgen": {"max_prompts": 1, "batch_size": 1, "max_late_drift": 0.0, "min_late_top1": 1.0},
+    })
+    code, report, out = gate(tmp_path, data)
+    assert code == 0, out
+    lg = report["gates"]["longgen"]
+    d, m = lg["details"], lg["measurements"]
+    assert (d["new_tokens"], d["window"], d["edge"], d["loop_span"]) == (2048, 256, 512, 256)
+    assert [(w["start"], w["end"]) for w in d["windows"]] == [(k * 256, (k + 1) * 256) for k in range(8)]
+    assert d["per_prompt"][0]["ref_tokens"] == 2048 and d["per_prompt"][0]["cand_tokens"] == 2048
+    assert m["late_kld"]["n"] == 512 and m["late_drift"]["value"] == 0.0 and m["late_top1"]["value"] == 1.0
+    assert all(w["ref_seq_rep4"] is not None and w["ref_nll"] is not None for w in d["windows"])

@@ -1,0 +1,163 @@
+"""Gate 3 bookkeeping on a tiny deterministic model (tests/gates/fakes.py), where every figure
+has a closed form: positions and windows, early/late drift, collapse the reference does not
+show, premature EOS, non-finite logits, and the sized thresholds against worked numbers."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from qval.config import parse_config
+from qval.errors import ConfigError
+from qval.gates import GateContext
+from qval.gates.longgen import _sized, edges, health, run, thresholds
+from qval.metrics.text import seq_rep_n
+from qval.verdict import decide
+
+from .fakes import EOS, HIGH, KLD_MISMATCH, LOW, FakeEngine, FakeTokenizer, collapse_after, walk
+
+PROMPTS = ["abcdefgh", "ijklmnop", "qrstuvwx"]  # 8 tokens each with FakeTokenizer
+P = 8
+
+
+def make_ctx(tmp_path: Path, candidate: FakeEngine, reference: FakeEngine | None = None, **longgen: object) -> GateContext:
+    tmp_path.mkdir(parents=True, exist_ok=True)
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text("".join(json.dumps({"id": f"p{i}", "lang": "en", "kind": "story", "prompt": p}) + "\n"
+                               for i, p in enumerate(PROMPTS)), encoding="utf-8")
+    section = {"prompts": str(prompts), "new_tokens": 64, "window": 16, "edge": 16, "piece": 24, "batch_size": 2, **longgen}
+    cfg = parse_config({"name": "lg", "quant": {"format": "none"},
+                        "gates": {"agreement": {"min_top1": 0.5}, "longgen": section}}, str(tmp_path / "c.yaml"))
+    return GateContext(config=cfg, reference=reference or FakeEngine(walk), candidate=candidate, tokenizer=FakeTokenizer(),
+                       folder=tmp_path / "gate_longgen", shared_cache=tmp_path / ".reference", reference_fingerprint="fake")
+
+
+def test_identical_candidate_has_exactly_zero_drift(tmp_path: Path) -> None:
+    r = run(make_ctx(tmp_path, FakeEngine(walk)))
+    assert r.status == "ok", r.error
+    m = {k: v.value for k, v in r.measurements.items()}
+    assert m == {"late_top1": 1.0, "early_top1": 1.0, "late_kld": 0.0, "early_kld": 0.0, "late_drift": 0.0, "top1_drift": 0.0,
+                 "seq_rep4_excess": 0.0, "judge_nll_excess": 0.0, "loops_excess": 0.0}
+    d = r.details
+    assert [(w["start"], w["end"]) for w in d["windows"]] == [(0, 16), (16, 32), (32, 48), (48, 64)]
+    assert all(p["first_divergence"] is None for p in d["per_prompt"])
+    assert d["ref_loops"] == d["cand_loops"] == 0  # the walk has period 120: no loop of period <= 64
+    assert r.measurements["late_kld"].n == 3 * 16
+
+
+def test_collapse_the_reference_does_not_show(tmp_path: Path) -> None:
+    # the candidate follows the reference until continuation position 24 (absolute row P-1+24),
+    # then loops 61 62 61 62 … ; the reference never emits 61/62, so every later position disagrees
+    start = P - 1 + 24
+    r = run(make_ctx(tmp_path, FakeEngine(collapse_after(start))))
+    assert r.status == "ok", r.error
+    m = r.measurements
+    assert m["early_top1"].value == 1.0 and m["early_kld"].value == 0.0
+    assert m["late_top1"].value == 0.0
+    assert m["late_kld"].value == pytest.approx(KLD_MISMATCH, rel=1e-5)  # (p_hi − p_lo)·(HIGH − LOW)
+    assert m["late_drift"].value == pytest.approx(KLD_MISMATCH, rel=1e-5)
+    assert m["top1_drift"].value == 1.0
+    # judge: the reference gives the candidate's late tokens p_lo and its own p_hi: excess HIGH − LOW nats
+    assert m["judge_nll_excess"].value == pytest.approx(HIGH - LOW, rel=1e-5)
+    assert m["loops_excess"].value == 3  # all three prompts end in the 2-loop; the reference in none
+    late_loop = [61, 62] * 8
+    ref_late = [walk_continuation(p)[48:] for p in PROMPTS]
+    want = np.mean([seq_rep_n(late_loop, 4) - seq_rep_n(t, 4) for t in ref_late])
+    assert seq_rep_n(late_loop, 4) == pytest.approx(1 - 2 / 13)  # 13 four-grams, 2 distinct
+    assert m["seq_rep4_excess"].value == pytest.approx(want)
+    w = r.details["windows"]
+    assert [x["top1"] for x in w] == [1.0, 0.5, 0.0, 0.0]  # window [16, 32) holds the switch at 24
+    assert w[1]["kld"] == pytest.approx(KLD_MISMATCH / 2, rel=1e-5)
+    assert [x["cand_loops"] for x in w] == [0, 0, 0, 3] and all(x["ref_loops"] == 0 for x in w)
+    assert all(p["first_divergence"] == 24 and p["cand_loop_period"] == 2 for p in r.details["per_prompt"])
+    cfg = make_ctx(tmp_path, FakeEngine(walk), max_late_drift=0.5, max_seq_rep4_excess=0.2, min_late_top1=0.9).config
+    v = decide({"longgen": r}, thresholds(cfg, r))
+    assert not v.approved
+    assert {c.metric for c in v.failures} == {"late_drift", "seq_rep4_excess", "late_top1", "loops_excess"}
+
+
+def walk_continuation(prompt: str, n: int = 64) -> list[int]:
+    ids = FakeTokenizer()(prompt)["input_ids"]
+    return FakeEngine(walk).generate([ids], n, suppress_eos=True, batch_size=1).tokens[0]
+
+
+def test_premature_eos_counts_only_without_suppression(tmp_path: Path) -> None:
+    def stops_at(pos_stop: int):
+        return lambda token, pos: EOS if pos >= pos_stop else walk(token, pos)
+
+    r = run(make_ctx(tmp_path, FakeEngine(stops_at(P - 1 + 20)), suppress_eos=False))
+    assert r.status == "ok", r.error
+    assert r.measurements["premature_eos_excess"].value == 3
+    assert all(p["cand_eos_step"] == 20 and p["cand_tokens"] == 21 and p["ref_tokens"] == 64 for p in r.details["per_prompt"])
+    # the teacher-forced figures still cover the reference's whole continuation
+    assert r.measurements["late_kld"].n == 3 * 16
+    names = [t.metric for t in thresholds(make_ctx(tmp_path, FakeEngine(walk), suppress_eos=False).config, r)]
+    assert "premature_eos_excess" in names
+    # with EOS suppressed the same candidate runs to full length and the figure is not measured
+    r2 = run(make_ctx(tmp_path / "s", FakeEngine(stops_at(P - 1 + 20))))
+    assert "premature_eos_excess" not in r2.measurements
+    assert all(p["cand_tokens"] == 64 for p in r2.details["per_prompt"])
+
+
+def test_nonfinite_candidate_fails_with_the_step_named(tmp_path: Path) -> None:
+    r = run(make_ctx(tmp_path, FakeEngine(walk, nan_from=P - 1 + 11)))
+    assert r.status == "nonfinite"
+    assert "prompt 0, step 11" in r.error
+    v = decide({"longgen": r}, thresholds(make_ctx(tmp_path, FakeEngine(walk)).config, r))
+    assert not v.approved
+
+
+def test_edges_and_health_on_planted_sequences() -> None:
+    assert edges(2048, 512) == (slice(0, 512), slice(1536, 2048))
+    assert edges(100, 512) == (slice(0, 100), slice(0, 100))  # short: early and late are the whole text
+    fresh = list(range(300))
+    loop = list(range(40)) + [5, 6, 7] * 100
+    h_fresh, h_loop = health(fresh, 100, 100, 64), health(loop, 100, 100, 64)
+    assert h_fresh["seq_rep4"] == [0.0, 0.0, 0.0] and h_fresh["loop_period"] is None
+    assert h_loop["loop_period"] == 3
+    assert h_loop["loop"] == [None, 3, 3]  # the first window's end (100 tokens) has 60 looping tokens < span + p
+    # late 100 tokens of a period-3 loop: 97 four-grams, 3 distinct
+    assert h_loop["late_seq_rep4"] == pytest.approx(1 - 3 / 97)
+    assert h_loop["late_distinct2"] == pytest.approx(3 / 99)
+
+
+def test_sized_thresholds_worked_numbers() -> None:
+    z = {"edge_positions": 4096, "kld_sigma": 0.05, "early_top1": 0.9, "early_kld": 0.01, "prompts": 8,
+         "ref_late_seq_rep4_sigma": 0.2, "ref_late_nll_sigma": 0.5, "ref_loop_rate": 0.25, "ref_eos_rate": 0.0}
+    from qval.config import Sized
+
+    s = Sized()
+    # drift: sqrt(2·0.05²/4096) = 0.00110485; threshold 1.6448536·that = 0.00181732; θ = 2.4864748·that = 0.00274719
+    t = _sized("late_drift", s, z)
+    assert t.limit == pytest.approx(0.00181732, abs=1e-8) and t.min_detectable_effect == pytest.approx(0.00274719, abs=1e-8)
+    # late KLD: the same margin above the candidate's own early KLD
+    assert _sized("late_kld", s, z).limit == pytest.approx(0.01 + 0.00181732, abs=1e-8)
+    # late top-1: σ = sqrt(0.9·0.1) = 0.3; sqrt(2·0.09/4096) = 0.00662913; 0.9 − 1.6448536·0.00662913 = 0.88909610
+    t = _sized("late_top1", s, z)
+    assert t.op == "min" and t.limit == pytest.approx(0.88909610, abs=1e-7)
+    # seq-rep-4 excess: sqrt(2·0.04/8) = 0.1; threshold 0.16448536
+    assert _sized("seq_rep4_excess", s, z).limit == pytest.approx(0.16448536, abs=1e-7)
+    # loops: σ = sqrt(0.25·0.75) = 0.4330127; sqrt(2·0.1875/8) = 0.21650635 (a rate); × 8 prompts:
+    # threshold 8·1.6448536·0.21650635 = 2.84897, θ = 8·2.4864748·0.21650635 = 4.30670
+    t = _sized("loops_excess", s, z)
+    assert t.limit == pytest.approx(2.84897, abs=1e-4) and t.min_detectable_effect == pytest.approx(4.30670, abs=1e-4)
+    # a reference that never stops early leaves no room: the premature-EOS limit is exactly 0
+    assert _sized("premature_eos_excess", s, z).limit == 0.0
+    # a single prompt cannot be sized: the check fails and says why
+    bad = _sized("seq_rep4_excess", s, {**z, "prompts": 1})
+    assert math.isnan(bad.limit) and "cannot be sized" in bad.description
+
+
+def test_config_rules() -> None:
+    base = {"name": "x", "quant": {"format": "none"}, "gates": {"agreement": {"min_top1": 0.5}}}
+    with pytest.raises(ConfigError, match="early and late parts would overlap; use edge <= 64"):
+        parse_config({**base, "gates": {**base["gates"], "longgen": {"new_tokens": 128, "window": 64}}}, "x.yaml")
+    with pytest.raises(ConfigError, match="max_loops_excess = 1.5: must be a whole number"):
+        parse_config({**base, "gates": {**base["gates"], "longgen": {"max_loops_excess": 1.5}}}, "x.yaml")
+    cfg = parse_config({**base, "gates": {**base["gates"], "longgen": {"max_late_drift": {"sized": True, "beta": 0.1}}}}, "x.yaml")
+    assert cfg.gates.longgen.max_late_drift.beta == 0.1 and cfg.gates.longgen.max_loops_excess == 0
+    assert LOW < 0 < HIGH  # the fake model's logits have the shape the closed forms assume
