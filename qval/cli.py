@@ -131,7 +131,9 @@ def gate(config: Path = ConfigOpt, out: Optional[str] = OutOpt, quiet: bool = Qu
                                                 help="auto: if rejected, keep the most sensitive layers in high precision "
                                                      "step by step until every gate passes or the budget runs out "
                                                      "(default: the config's fallback.mode)"),
-         max_excluded: Optional[int] = typer.Option(None, "--max-excluded", help="fallback budget: layers kept in high precision"),
+         max_excluded: Optional[int] = typer.Option(None, "--max-excluded",
+                                                    help="fallback budget: parts (decoder layers or projection types) "
+                                                         "kept in high precision"),
          max_bits: Optional[float] = typer.Option(None, "--max-bits", help="fallback budget: effective weight bits per parameter")) -> int:
     """Calibrate, build and gate one candidate; write report.json/.md/.html and layers.csv; exit 0/1/2.
     With --fallback auto, exit 0 means a passing configuration was found (written as fallback.yaml)."""
@@ -174,7 +176,7 @@ def _budget(cfg, max_excluded: Optional[int], max_bits: Optional[float]):  # noq
     from .errors import ConfigError
 
     if max_excluded is not None and max_excluded < 1:
-        raise ConfigError(f"--max-excluded {max_excluded}: give at least 1 layer (or --fallback off).")
+        raise ConfigError(f"--max-excluded {max_excluded}: give at least 1 part (or --fallback off).")
     if max_bits is not None and not max_bits > 0:
         raise ConfigError(f"--max-bits {max_bits}: give a positive number of bits per weight, e.g. 9.")
     return Budget(max_excluded if max_excluded is not None else cfg.fallback.max_excluded,

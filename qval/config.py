@@ -297,7 +297,7 @@ class FallbackConfig(Strict):
     """`--fallback auto`: keep the most sensitive layers in high precision until every gate passes."""
 
     mode: Literal["off", "auto"] = "off"
-    max_excluded: int = Field(4, ge=1)  # decoder layers (units) the search may add to quant.exclude
+    max_excluded: int = Field(4, ge=1)  # parts (decoder layers or projection types) the search may add to quant.exclude
     max_effective_bits: float | None = Field(None, gt=0)  # weight bits per parameter, over all linear layers
 
 

@@ -1,16 +1,18 @@
-"""`qval gate --fallback auto`: find a passing configuration by keeping the most sensitive layers
-in high precision, one at a time, the way Intel Neural Compressor's accuracy-aware tuning falls
-back op by op.
+"""`qval gate --fallback auto`: find a passing configuration by keeping the most sensitive parts
+(decoder layers or projection types) in high precision, one at a time, the way Intel Neural
+Compressor's accuracy-aware tuning falls back op by op.
 
 1. A SmoothQuant alpha list is tried first (free: no extra bits). The first alpha whose
    candidate passes ends the search; otherwise the best one (fewest failed checks, then lowest
    mean KLD) is the starting point.
-2. The starting candidate's sensitivity ranking (per decoder layer) orders the fallback. Step k
-   adds the k-th layer to `quant.exclude` and runs the whole gate again with that config: a new
+2. The starting candidate's sensitivity ranking orders the fallback: decoder layers and
+   projection types (one projection in every layer, e.g. all `mlp.down_proj`) in one list, by
+   the KLD each removes; parts within one standard error of zero are left out. Step k adds the
+   k-th part's glob to `quant.exclude` and runs the whole gate again with that config: a new
    calibration included, because that is what `qval gate` on the written YAML will do.
-3. It stops at the first passing step, or when the budget (`max_excluded` layers, or
-   `max_effective_bits` weight bits per parameter) would be exceeded, or when no ranked layer
-   is left. Either way it says why, and writes the config it ended with (fallback.yaml when
+3. It stops at the first passing step, or when the budget (`max_excluded` parts, or
+   `max_effective_bits` weight bits per parameter over all linear layers) would be exceeded,
+   or when no ranked part is left. Either way it says why, and writes the config it ended with (fallback.yaml when
    it passes, fallback-rejected.yaml when it does not) plus fallback.json with every step.
 """
 
@@ -27,7 +29,7 @@ from ..config import GateConfig
 from ..io import atomic_write_json, atomic_write_text
 from ..pipeline import RunResult, expand_alphas, run_gate
 from ..progress import SILENT, Progress
-from .stage import effective_bits
+from .stage import effective_bits, kept_high
 
 
 @dataclass(frozen=True)
@@ -42,7 +44,7 @@ class Budget:
 @dataclass
 class FallbackOutcome:
     approved: bool
-    start: RunResult  # the candidate the layer search started from
+    start: RunResult  # the candidate the fallback started from
     final: RunResult  # the run the outcome rests on
     explanation: str
     steps: list[dict[str, Any]] = field(default_factory=list)
@@ -65,8 +67,19 @@ def _failures(r: RunResult) -> list[str]:
 
 
 def _useful(entry: dict[str, Any]) -> bool:
+    """Worth a step: it removes non-finite outputs, or KLD by more than one standard error (a step
+    costs a whole gate run; noise-level parts would spend the budget on nothing)."""
     d = entry.get("delta_kld")
-    return entry.get("nonfinite_removed", 0) > 0 or (d is not None and float(d["value"]) > 0)
+    if entry.get("nonfinite_removed", 0) > 0:
+        return True
+    return d is not None and float(d["value"]) > float(d.get("stderr") or 0.0)
+
+
+def candidates(sensitivity: dict[str, Any]) -> list[dict[str, Any]]:
+    """Decoder layers and projection types in one list, most KLD removed first."""
+    from .sensitivity import ranking_key
+
+    return sorted([e for e in [*sensitivity.get("layers", []), *sensitivity.get("parts", [])] if _useful(e)], key=ranking_key)
 
 
 def search(cfg: GateConfig, progress: Progress = SILENT, out_dir: str | None = None, budget: Budget | None = None) -> FallbackOutcome:
@@ -81,40 +94,41 @@ def search(cfg: GateConfig, progress: Progress = SILENT, out_dir: str | None = N
     if passing:
         c, a, r = min(passing, key=lambda t: _score(t[2]))
         why = "the candidate passes every gate as configured; nothing to fall back" if not sweep else \
-            f"SmoothQuant alpha {a:g} passes every gate (lowest mean KLD among the passing alphas); no layer fallback needed"
+            f"SmoothQuant alpha {a:g} passes every gate (lowest mean KLD among the passing alphas); no fallback needed"
         return _finish(FallbackOutcome(True, r, r, why, alphas=alphas), budget, cfg_written=c if sweep else None)
     start_cfg, alpha, start = min(runs, key=lambda t: _score(t[2]))
     if sweep:  # only the chosen alpha pays for a ranking; its other stages are cached
         start = run_gate(start_cfg, progress, out_dir, alpha, sensitivity="always")
-    return _layer_search(start_cfg, alpha, start, progress, out_dir, budget, alphas)
+    return _part_search(start_cfg, alpha, start, progress, out_dir, budget, alphas)
 
 
-def _layer_search(cfg: GateConfig, alpha: float | None, start: RunResult, progress: Progress, out_dir: str | None,
+def _part_search(cfg: GateConfig, alpha: float | None, start: RunResult, progress: Progress, out_dir: str | None,
                   budget: Budget, alphas: list[dict[str, Any]]) -> FallbackOutcome:
     diag = start.report.get("diagnostics") or {}
-    ranking = (diag.get("sensitivity") or {}).get("layers")
+    ranking = diag.get("sensitivity")
     outcome = FallbackOutcome(False, start, start, "", alphas=alphas)
     if ranking is None:
         outcome.explanation = ("no sensitivity ranking: diagnostics are switched off or nothing is quantized "
-                               "(diagnostics.enabled / quant.format), so there is no layer to fall back")
+                               "(diagnostics.enabled / quant.format), so there is nothing ranked to fall back on")
         return _finish(outcome, budget)
     weights = diag["weights"]
-    units = [e for e in ranking if _useful(e)]
+    units = candidates(ranking)
     if not units:
-        outcome.explanation = ("keeping any single layer in high precision does not lower the KLD on the sensitivity "
-                               "slice: the error is spread over the whole model, so a layer fallback cannot fix it; "
-                               "try a wider format (fp8, int8) or another calibration")
+        outcome.explanation = ("keeping any single layer or projection type in high precision does not lower the KLD "
+                               "on the sensitivity slice beyond its noise: the error is spread over the whole model, so "
+                               "a fallback cannot fix it; try a wider format (fp8, int8) or another calibration")
         return _finish(outcome, budget)
     excluded: list[dict[str, Any]] = []
     base_bits = effective_bits(weights)
     last = start
     for entry in units:
         if len(excluded) + 1 > budget.max_excluded:
-            outcome.explanation = (f"budget spent: {len(excluded)} layer(s) kept in high precision (max_excluded "
+            outcome.explanation = (f"budget spent: {len(excluded)} part(s) kept in high precision (max_excluded "
                                    f"{budget.max_excluded}) and still failing: {'; '.join(_failures(last))}")
             break
         names = [e["name"] for e in excluded] + [entry["name"]]
-        bits = effective_bits(weights, names)
+        globs = [e["exclude"] for e in excluded] + [entry["exclude"]]
+        bits = effective_bits(weights, globs)
         if budget.max_effective_bits is not None and bits > budget.max_effective_bits:
             outcome.explanation = (f"budget spent: keeping {entry['name']} too would raise the effective weight bits to "
                                    f"{bits:.3f} > max_effective_bits {budget.max_effective_bits:g}; still failing: "
@@ -131,19 +145,20 @@ def _layer_search(cfg: GateConfig, alpha: float | None, start: RunResult, progre
         outcome.steps.append({
             "step": k, "name": step_cfg.name, "run_dir": str(last.run_dir), "added": entry["name"],
             "delta_kld": entry["delta_kld"], "exclude": step_cfg.quant.exclude,
-            "cost": {"excluded_layers": k, "effective_bits": bits, "base_effective_bits": base_bits,
-                     "params_kept_high": sum(weights["units"].get(n, 0) for n in names)},
+            "kind": entry["kind"],
+            "cost": {"excluded_parts": k, "effective_bits": bits, "base_effective_bits": base_bits,
+                     "params_kept_high": kept_high(weights, globs)},
             "approved": last.verdict.approved, "failed": _failures(last),
             "checks": [c.to_dict() for c in last.verdict.checks],
         })
         outcome.final = last
         if last.verdict.approved:
             outcome.approved = True
-            outcome.explanation = (f"APPROVE after keeping {k} layer(s) in high precision ({', '.join(names)}); "
+            outcome.explanation = (f"APPROVE after keeping {k} part(s) in high precision ({', '.join(names)}); "
                                    f"effective weight bits {base_bits:.3f} → {bits:.3f}")
             break
     else:
-        outcome.explanation = (f"every layer whose restoration lowers the KLD ({len(units)}) was kept in high precision "
+        outcome.explanation = (f"every part whose restoration lowers the KLD ({len(units)}) was kept in high precision "
                                f"and the candidate still fails: {'; '.join(_failures(last))}")
     return _finish(outcome, budget)
 
@@ -182,7 +197,7 @@ def _finish(outcome: FallbackOutcome, budget: Budget, cfg_written: GateConfig | 
                   f"# gate results: {outcome.final.run_dir / 'report.md'}"]
         if outcome.steps:
             cost = outcome.steps[-1]["cost"]
-            header.append(f"# cost: {cost['excluded_layers']} layer(s) in high precision, effective weight bits "
+            header.append(f"# cost: {cost['excluded_parts']} part(s) in high precision, effective weight bits "
                           f"{cost['base_effective_bits']:.3f} -> {cost['effective_bits']:.3f}")
         body = yaml.safe_dump(portable_config(final_cfg, path), sort_keys=False, allow_unicode=True)
         atomic_write_text(path, "\n".join(header) + "\n" + body)

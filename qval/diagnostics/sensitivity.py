@@ -71,7 +71,7 @@ def _summary(kind: str, name: str, names: list[str], base: np.ndarray, restored:
     return {
         "kind": kind,
         "name": name,
-        "exclude": unit_glob(name) if kind == "layer" else f"*{name}*",
+        "exclude": unit_glob(name) if kind == "layer" or any(f"{name}." in n for n in names) else f"*{name}_quantizer",
         "quantizers": len(names),
         "kld_restored": float(np.nanmean(restored)) if np.isfinite(restored).any() else float("nan"),
         "delta_kld": delta.to_dict() if delta else None,
@@ -81,7 +81,7 @@ def _summary(kind: str, name: str, names: list[str], base: np.ndarray, restored:
     }
 
 
-def _order(entry: dict[str, Any]) -> tuple[int, float]:
+def ranking_key(entry: dict[str, Any]) -> tuple[int, float]:
     d = entry["delta_kld"]
     v = float(d["value"]) if d else float("-inf")
     return (-entry["nonfinite_removed"], -v if np.isfinite(v) else float("inf"))
@@ -119,7 +119,7 @@ def rank(model: torch.nn.Module, quantizers: dict[str, Any], scorer: SliceScorer
                 entries.append(_summary(kind, name, names, base, restored))
                 if on_step is not None:
                     on_step(1)
-            ranked[kind] = sorted(entries, key=_order)
+            ranked[kind] = sorted(entries, key=ranking_key)
     finite = np.isfinite(base)
     return {
         "positions": int(base.size),

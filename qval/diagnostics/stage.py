@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import copy
 import csv
+import fnmatch
 import io
 import math
 from typing import TYPE_CHECKING, Any, Sequence
@@ -39,13 +40,13 @@ def restore_unfolded(s: "Session", calib: "Stage") -> torch.nn.Module:
 
 
 def weight_budget(model: torch.nn.Module, cfg: Any) -> dict[str, Any]:
-    """Parameters of every linear layer that carries a weight quantizer, quantized or kept in
-    high precision, per unit: what a fallback's effective bits are computed from. Embeddings
-    are not linear layers (no format here quantizes them); a weight tied to another (lm_head and
-    the embedding in small models) counts once."""
+    """Parameters of every linear layer that carries a weight quantizer: per quantized module, and
+    the total already kept in high precision. A fallback's effective bits are computed from it.
+    Embeddings are not linear layers (no format here quantizes them); a weight tied to another
+    (lm_head and the embedding in small models) counts once."""
     from ..quantize.formats import FORMATS
 
-    units: dict[str, int] = {}
+    modules: dict[str, int] = {}
     high = 0
     seen: set[int] = set()
     for name, module in model.named_modules():
@@ -57,25 +58,32 @@ def weight_budget(model: torch.nn.Module, cfg: Any) -> dict[str, Any]:
             continue
         seen.add(w.data_ptr())
         if wq.is_enabled:
-            unit = scales.split_name(f"{name}.weight_quantizer")[0]
-            units[unit] = units.get(unit, 0) + w.numel()
+            modules[f"{name}.weight_quantizer"] = w.numel()
         else:
             high += w.numel()
     return {"bits_quantized": FORMATS.get(cfg.quant.format.value).weight_bits,
-            "bits_high": HIGH_PRECISION_BITS[cfg.model.dtype], "units": units, "high_precision_params": high}
+            "bits_high": HIGH_PRECISION_BITS[cfg.model.dtype], "modules": modules, "high_precision_params": high}
 
 
-def effective_bits(budget: dict[str, Any], excluded_units: Sequence[str] = ()) -> float:
-    """Weight bits per parameter over all linear layers once `excluded_units` stay in high precision.
+def kept_high(budget: dict[str, Any], excluded: Sequence[str]) -> int:
+    """Parameters of quantized modules that the exclude globs put back in high precision (globs
+    match weight-quantizer names, as ModelOpt matches them)."""
+    return sum(n for q, n in budget["modules"].items() if any(fnmatch.fnmatch(q, g) for g in excluded))
 
-    >>> effective_bits({"bits_quantized": 8, "bits_high": 16, "units": {"a": 30, "b": 10}, "high_precision_params": 0}, ["b"])
-    10.0
+
+def effective_bits(budget: dict[str, Any], excluded: Sequence[str] = ()) -> float:
+    """Weight bits per parameter over all linear layers once the `excluded` globs stay in high precision.
+
+    >>> b = {"bits_quantized": 8, "bits_high": 16, "modules": {"a.weight_quantizer": 30, "b.weight_quantizer": 10},
+    ...      "high_precision_params": 0}
+    >>> effective_bits(b), effective_bits(b, ["*b.*"])
+    (8.0, 10.0)
     """
-    q = sum(n for u, n in budget["units"].items() if u not in excluded_units)
-    total = sum(budget["units"].values()) + budget["high_precision_params"]
+    total = sum(budget["modules"].values()) + budget["high_precision_params"]
     if total == 0:
         return math.nan
-    return (q * budget["bits_quantized"] + (total - q) * budget["bits_high"]) / total
+    high = budget["high_precision_params"] + kept_high(budget, excluded)
+    return ((total - high) * budget["bits_quantized"] + high * budget["bits_high"]) / total
 
 
 def layers_csv(rows: list[dict[str, Any]]) -> str:

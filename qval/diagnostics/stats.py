@@ -192,7 +192,7 @@ class AbsStats:
         picked = picked[picked > 0]
         self.sample_zeros += self.sample_n - self.sample_nonzero - picked.numel()
         self.sample_nonzero += picked.numel()
-        self.hist += torch.histc(picked.log2().clamp_(_LOG2_LO, _LOG2_HI - 1e-6), bins=_BINS, min=_LOG2_LO, max=_LOG2_HI).double()
+        self.hist += torch.histc(picked.log2().clamp_(_LOG2_LO, _LOG2_HI - 1e-6), bins=_BINS, min=_LOG2_LO, max=_LOG2_HI).double().cpu()
         if amax is None:
             return
         a = amax_per_element(x, amax)

@@ -40,5 +40,6 @@ def engine_identity(cfg: "GateConfig") -> dict[str, Any]:
     identity = getattr(ENGINES.get(cfg.engine.backend), "identity", None)
     return identity(cfg) if identity else {}
 
+
 from . import fakequant  # noqa: E402,F401  (registers "fakequant")
 from . import checkpoint, export, realquant, tensorrt_llm  # noqa: E402,F401  (register their names)

@@ -4,8 +4,8 @@ Greedy decoding has two paths that give the same tokens (tests/engines/test_hf.p
 
 - "plain": transformers' `generate` with a dynamic KV cache. It works for every model, but it
   spends most of each step on the host (Python, logits processors, one device sync per step):
-  on an H200 an 8B model decoded at batch 1 in ~17× the time its weights take to stream from
-  memory (benchmarks/RESULTS.md).
+  on an H200 a 1B model decoded at batch 1 in 19× the time its weights take to stream from
+  memory, an FP8 fake-quant 8B candidate in 33× (benchmarks/RESULTS.md).
 - "static": `StaticDecoder` below — a static KV cache of fixed shape and a decode step made
   only of device operations on fixed buffers (forward, finiteness check, EOS suppression,
   argmax, next position and mask), so on a GPU the step is captured once as a CUDA graph and
@@ -239,12 +239,13 @@ class HFEngine(Engine):
 
     @torch.no_grad()
     def logits_pieces(self, input_ids: torch.Tensor, piece: int) -> Iterator[torch.Tensor]:
-        from transformers import DynamicCache
+        from .kvcache import cpu_gqa_attention, growing_cache
 
-        cache = DynamicCache()
+        cache = growing_cache()  # same logits as DynamicCache, without copying the cache per piece
         ids = input_ids.to(self.device)
         for start in range(0, ids.shape[1], piece):
-            out = self.model(input_ids=ids[:, start : start + piece], past_key_values=cache, use_cache=True)
+            with cpu_gqa_attention(self.device):  # per call: the patch never outlives a paused generator
+                out = self.model(input_ids=ids[:, start : start + piece], past_key_values=cache, use_cache=True)
             cache = out.past_key_values
             yield out.logits
 
@@ -278,6 +279,8 @@ class HFEngine(Engine):
                         progress: Any) -> Generation:
         from transformers import LogitsProcessorList
 
+        from .kvcache import cpu_gqa_attention, growing_cache
+
         eos, pad = self.eos_ids(), self.pad_id()
         tokens: list[list[int]] = []
         bad: list[int | None] = []
@@ -289,19 +292,23 @@ class HFEngine(Engine):
             # EOS suppression is our own processor after the watch: generate's suppress_tokens /
             # min_new_tokens would run first and make the watch see −inf for every step
             processors = [watch] + ([_SuppressTokens(eos, self.device)] if suppress_eos else [])
-            out = self.model.generate(
-                input_ids=ids,
-                attention_mask=mask,
-                max_new_tokens=max_new_tokens,
-                do_sample=False,
-                num_beams=1,
-                pad_token_id=pad,
-                eos_token_id=eos,
-                logits_processor=LogitsProcessorList(processors),
-                temperature=None,
-                top_p=None,
-                top_k=None,
-            )
+            # growing cache + grouped-query SDPA on CPU: same tokens, without two per-step copies
+            # of the whole KV cache that dominate long generations (qval/engines/kvcache.py)
+            with cpu_gqa_attention(self.device):
+                out = self.model.generate(
+                    input_ids=ids,
+                    attention_mask=mask,
+                    max_new_tokens=max_new_tokens,
+                    do_sample=False,
+                    num_beams=1,
+                    pad_token_id=pad,
+                    eos_token_id=eos,
+                    logits_processor=LogitsProcessorList(processors),
+                    temperature=None,
+                    top_p=None,
+                    top_k=None,
+                    past_key_values=growing_cache(),
+                )
             rows, stops = split_rows(out[:, ids.shape[1] :].tolist(), eos, suppress_eos)
             tokens.extend(rows)
             eos_at.extend(stops)

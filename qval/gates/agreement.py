@@ -5,7 +5,8 @@ each chunk is scored, so every scored position has at least ctx/2 tokens of cont
 llama.cpp KL-divergence convention). Per scored position: top-1 agreement, KLD(ref‖cand),
 Δp of the true next token, and both models' NLL (gate 2's perplexity reuses them).
 Memory is O(batch × ctx × vocab): logits live for one batch of chunks, then only per-position
-figures (a few floats each) are kept.
+figures (a few floats each) are kept; the metrics of a batch's scored halves are computed in one
+call, so their float32 temporaries are O(batch × ctx/2 × vocab) too.
 """
 
 from __future__ import annotations
@@ -70,17 +71,19 @@ def run(ctx: GateContext) -> GateResult:
             x = torch.tensor(chunks[b0 : b0 + g.batch_size])
             lr = ctx.reference.logits(x)
             lc = ctx.candidate.logits(x)
-            for b in range(x.shape[0]):
-                # logits at position t predict token t+1; score t in [half, ctx-1)
-                s = token_stats(lr[b, half:-1], lc[b, half:-1], x[b, half + 1 :].to(lr.device))
-                offset = sum(len(p) for p in parts["kld"])
-                if bad_ref is None and (i := first_nonfinite(s["finite_ref"])) is not None:
-                    bad_ref = (b0 + b, half + i, offset + i)
-                if bad_cand is None and (i := first_nonfinite(s["finite_cand"])) is not None:
-                    bad_cand = (b0 + b, half + i, offset + i)
-                for f in FIELDS:
-                    parts[f].append(s[f].numpy())
-            del lr, lc
+            # logits at position t predict token t+1; score t in [half, ctx-1). One metrics call
+            # for the whole batch (rows are independent): a quarter of the launches and host syncs
+            per = g.ctx - half - 1
+            s = token_stats(lr[:, half:-1].reshape(-1, lr.shape[-1]), lc[:, half:-1].reshape(-1, lc.shape[-1]),
+                            x[:, half + 1 :].reshape(-1).to(lr.device))
+            offset = sum(len(p) for p in parts["kld"])
+            if bad_ref is None and (i := first_nonfinite(s["finite_ref"])) is not None:
+                bad_ref = (b0 + i // per, half + i % per, offset + i)
+            if bad_cand is None and (i := first_nonfinite(s["finite_cand"])) is not None:
+                bad_cand = (b0 + i // per, half + i % per, offset + i)
+            for f in FIELDS:
+                parts[f].append(s[f].numpy())
+            del lr, lc, s
             advance(x.shape[0])
     arrays = {f: np.concatenate(parts[f]) for f in FIELDS}
     atomic_write(ctx.folder / "positions.npz", lambda p: _save_npz(p, arrays))

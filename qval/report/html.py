@@ -261,7 +261,7 @@ def fallback_section(r: dict[str, Any]) -> str:
     if not fb:
         return ""
     out = ["<h2>Fallback search</h2>", f"<p><b>{'APPROVE' if fb['approved'] else 'REJECT'}</b>: {escape(fb['explanation'])}</p>",
-           f"<p>Budget: at most {fb['budget']['max_excluded']} layer(s); effective weight bits ≤ "
+           f"<p>Budget: at most {fb['budget']['max_excluded']} part(s); effective weight bits ≤ "
            f"{fmt(fb['budget'].get('max_effective_bits'))}. Config written: <code>{escape(str(fb.get('config_file')))}</code></p>"]
     if fb.get("alphas") and len(fb["alphas"]) > 1:
         out.append(table(["alpha", "candidate", "outcome", "failed checks", "mean KLD"],

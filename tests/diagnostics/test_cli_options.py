@@ -24,7 +24,7 @@ def test_bad_fallback_mode_is_a_user_error(tmp_path):
 
 def test_bad_budgets_are_user_errors(tmp_path):
     code, out = run(tmp_path, small_config("c"), "gate", "--fallback", "auto", "--max-excluded", "0")
-    assert code == 2 and "--max-excluded 0: give at least 1 layer" in out
+    assert code == 2 and "--max-excluded 0: give at least 1 part" in out
     code, out = run(tmp_path, small_config("c"), "gate", "--fallback", "auto", "--max-bits", "-1")
     assert code == 2 and "--max-bits -1.0" in out
 

@@ -11,7 +11,7 @@ import torch
 
 from qval.config import parse_config
 from qval.diagnostics import scales
-from qval.diagnostics.stage import effective_bits, layers_csv, weight_budget
+from qval.diagnostics.stage import effective_bits, kept_high, layers_csv, weight_budget
 from qval.diagnostics.stats import tensor_sqnr_db
 from qval.quantize.modelopt_adapter import iter_quantizers
 
@@ -124,11 +124,15 @@ def test_exclude_glob_through_modelopt_and_effective_bits():
     cfg = parse_config({"name": "t", "quant": {"format": "int8_sq"}, "gates": {"agreement": {"max_mean_kld": 1}}})
     budget = weight_budget(model, cfg)
     per_layer = 2 * toy.DIM * 2 * toy.DIM  # up 32×64 + down 64×32 = 4096
-    assert budget["units"] == {f"model.layers.{i}": per_layer for i in (0, 2, 3)}
+    assert budget["modules"] == {f"model.layers.{i}.mlp.{p}.weight_quantizer": per_layer // 2
+                                 for i in (0, 2, 3) for p in ("up_proj", "down_proj")}
     assert budget["high_precision_params"] == per_layer + toy.VOCAB * toy.DIM  # layer 1 + lm_head; not the embedding
     # (3·4096·8 + (4096 + 2048)·16) / 18432 bits
     assert effective_bits(budget) == pytest.approx((3 * 4096 * 8 + 6144 * 16) / 18432)
-    assert effective_bits(budget, ["model.layers.0"]) == pytest.approx((2 * 4096 * 8 + 10240 * 16) / 18432)
+    assert effective_bits(budget, [scales.unit_glob("model.layers.0")]) == pytest.approx((2 * 4096 * 8 + 10240 * 16) / 18432)
+    # a projection type across the layers: three down_proj of 2048
+    assert kept_high(budget, ["*mlp.down_proj.*"]) == 3 * 2048
+    assert effective_bits(budget, ["*mlp.down_proj.*"]) == pytest.approx((3 * 2048 * 8 + (6144 + 6144) * 16) / 18432)
 
 
 def test_rules_on_hand_made_rows():

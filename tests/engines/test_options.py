@@ -1,0 +1,37 @@
+"""engine.options are validated when the config loads, per backend, with the allowed keys named."""
+
+from __future__ import annotations
+
+import pytest
+
+from qval.config import parse_config
+from qval.errors import ConfigError
+from tests.conftest import small_config
+
+
+def test_export_options_are_typed():
+    cfg = parse_config(small_config("x", engine={"backend": "export", "options": {"dtype": "float16", "trtllm_checkpoint": True}}))
+    assert cfg.engine.options == {"dtype": "float16", "trtllm_checkpoint": True}
+
+
+def test_unknown_option_names_the_allowed_ones():
+    with pytest.raises(ConfigError, match=r"engine.options.dtpye: Extra inputs are not permitted.*allowed options for export: dtype, trtllm_checkpoint, tp_size"):
+        parse_config(small_config("x", engine={"backend": "export", "options": {"dtpye": "float16"}}))
+
+
+def test_bad_option_value():
+    with pytest.raises(ConfigError, match=r"engine.options.tp_size"):
+        parse_config(small_config("x", engine={"backend": "tensorrt_llm", "options": {"tp_size": 0}}))
+
+
+def test_backend_without_options():
+    with pytest.raises(ConfigError, match="engine backend 'realquant' takes no options"):
+        parse_config(small_config("x", engine={"backend": "realquant", "options": {"gemm": "fast"}}))
+
+
+def test_checkpoint_needs_a_path_and_skips_calibration():
+    from qval.engines import needs_calibration
+
+    with pytest.raises(ConfigError, match="needs engine.path"):
+        parse_config(small_config("x", engine={"backend": "checkpoint"}))
+    assert not needs_calibration("checkpoint") and needs_calibration("export") and needs_calibration("realquant")
