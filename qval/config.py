@@ -291,6 +291,7 @@ class DiagnosticsConfig(Strict):
     #: chunks of gates.agreement.dataset (ctx gates.agreement.ctx) scored once per layer and per
     #: projection type: 1 chunk of 512 is 255 positions, enough to rank, and ~40 forwards in all
     slice_chunks: int = Field(1, gt=0)
+    slice_ctx: int | None = Field(None, ge=8)  # None: gates.agreement.ctx (half of each chunk is scored)
 
 
 class FallbackConfig(Strict):

@@ -23,11 +23,11 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from .engines.base import Generation
 from .errors import DataError
 from .io import atomic_write_json, hash_json
 
 if TYPE_CHECKING:
+    from .engines.base import Generation
     from .gates import GateContext
 
 CACHE_VERSION = 1
@@ -108,6 +108,8 @@ def _read(path: Path, key: str) -> Generation | None:
         blob = json.loads(path.read_text(encoding="utf-8"))
         if blob.get("key") != key:
             return None
+        from .engines.base import Generation  # here, not at the top: engines -> gates -> reference
+
         return Generation.from_dict(blob["generation"])
     except (OSError, ValueError, KeyError, TypeError):
         return None

@@ -4,7 +4,6 @@ reference once, computes its generations once, ranks, and recommends the smalles
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pytest
 
@@ -66,7 +65,7 @@ def test_two_candidates_share_one_reference(patch_reference, tmp_path, monkeypat
     for fmt in ("none", "fp8"):
         c = small_config(f"sweep-{fmt}", fmt, gates={**small_config("x")["gates"], **gates}, diagnostics={"enabled": False})
         c["calibration"] = {**c["calibration"], "samples": 2, "seq_len": 64}
-        c["gates"]["agreement"]["tokens"] = 2048
+        c["gates"]["agreement"].update(tokens=1024, ctx=256)
         paths.append(write_config(tmp_path, c, f"{fmt}.yaml"))
 
     calls = []
@@ -80,7 +79,7 @@ def test_two_candidates_share_one_reference(patch_reference, tmp_path, monkeypat
     monkeypatch.setattr(HFEngine, "generate", counting)
     result = run_sweep(paths, SILENT, str(tmp_path / "out"), context=2048, batch=1, reference=patch_reference)
     assert calls == [4]  # the reference answered the 4 BLEU prompts once, for both candidates
-    refgen = {e.config.name: e.run.report["gates"]["quality"]["details"]["reference_generation"]["cached"] for e in result.entries}
+    refgen = {e.config.name: e.run.report["gates"]["quality"]["details"]["bleu"]["reference_generation"]["cached"] for e in result.entries}
     assert refgen == {"sweep-none": False, "sweep-fp8": True}
     assert [e.status for e in result.entries] == ["APPROVE", "APPROVE"], [e.run.verdict.checks for e in result.entries]
     assert result.recommended.config.name == "sweep-fp8"  # both pass; FP8 weights are half the size

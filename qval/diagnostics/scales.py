@@ -28,8 +28,9 @@ COLUMNS = ("quantizer", "unit", "part", "kind", "format", "granularity", "groups
 
 _KINDS = {"weight_quantizer": "weight", "input_quantizer": "input", "output_quantizer": "output",
           "k_bmm_quantizer": "kv", "v_bmm_quantizer": "kv", "q_bmm_quantizer": "attention", "p_bmm_quantizer": "attention"}
-#: activation values per batch and quantizer that feed the p99.9 histogram (counts use all)
+#: values per batch and quantizer that feed the p99.9 histogram (counts, SQNR, clipping use all)
 ACTIVATION_SAMPLE = 1 << 16
+WEIGHT_SAMPLE = 1 << 18
 _UNIT = re.compile(r"^(?P<unit>.*?\.\d+)\.(?P<rest>.+)$")
 
 
@@ -98,11 +99,15 @@ def base_row(name: str, qz: Any) -> dict[str, Any]:
     row: dict[str, Any] = {c: None for c in COLUMNS}
     row.update(quantizer=name, unit=unit, part=part, kind=kind, format=format_name(qz), granularity=granularity(qz), flags="")
     amax = _amax(qz)
-    maxbound = float(qz.maxbound)
+    try:
+        maxbound: float | None = float(qz.maxbound)
+    except (TypeError, ValueError):  # formats whose grid has no single largest value (e.g. MX)
+        maxbound = None
     row["maxbound"] = maxbound
     if amax is not None:
-        row.update(groups=amax.numel(), amax_max=float(amax.max()), amax_mean=float(amax.mean()),
-                   scale_max=float(amax.max()) / maxbound, scale_mean=float(amax.mean()) / maxbound)
+        row.update(groups=amax.numel(), amax_max=float(amax.max()), amax_mean=float(amax.mean()))
+        if maxbound:
+            row.update(scale_max=float(amax.max()) / maxbound, scale_mean=float(amax.mean()) / maxbound)
     pqs = qz.pre_quant_scale
     if pqs is not None:
         p = pqs.detach().float().cpu()
@@ -133,7 +138,7 @@ def collect(model: torch.nn.Module, quantizers: Iterable[tuple[str, Any]], batch
             weight = model.get_submodule(name.rpartition(".")[0]).weight
             rows[name]["numel"] = weight.numel()
             q = folded.entries[name].quantized if name in folded.entries else qz(weight)
-            acc[name].add(_effective_input(qz, weight), q, _amax(qz))
+            acc[name].add(_effective_input(qz, weight), q, _amax(qz), sample=WEIGHT_SAMPLE)
         else:
             hooks.append(qz.register_forward_hook(_hook(acc[name])))
     try:

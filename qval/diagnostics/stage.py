@@ -101,14 +101,19 @@ def _csv_value(v: Any) -> Any:
     return "" if v is None else v
 
 
+def slice_ctx(cfg: Any) -> int:
+    return cfg.diagnostics.slice_ctx or cfg.gates.agreement.ctx
+
+
 def slice_chunks(s: "Session") -> list[list[int]]:
     g, d = s.config.gates.agreement, s.config.diagnostics
     ds = load_dataset(g.dataset, s.config.resolve(g.dataset))
     tok = s.reference.tokenizer
-    chunks = chunk(token_stream(ds.texts(), tok, tok.eos_token_id), g.ctx, limit=d.slice_chunks)
+    ctx = slice_ctx(s.config)
+    chunks = chunk(token_stream(ds.texts(), tok, tok.eos_token_id), ctx, limit=d.slice_chunks)
     if not chunks:
-        raise DataError(f"{g.dataset}: less than one chunk of ctx={g.ctx} tokens for the sensitivity slice; "
-                        "give more text or a smaller gates.agreement.ctx.")
+        raise DataError(f"{g.dataset}: less than one chunk of {ctx} tokens for the sensitivity slice; "
+                        "give more text or a smaller diagnostics.slice_ctx.")
     return chunks
 
 
@@ -128,7 +133,7 @@ def run_diagnostics(s: "Session", calib: "Stage | None", want_sensitivity: bool)
     sens = None
     if want_sensitivity:
         g = s.config.gates.agreement
-        sens = s.run.stage("sensitivity", {**_key_inputs(s, calib), "chunks": d.slice_chunks, "ctx": g.ctx,
+        sens = s.run.stage("sensitivity", {**_key_inputs(s, calib), "chunks": d.slice_chunks, "ctx": slice_ctx(s.config),
                                            "data": dataset_identity(g.dataset, s.config.resolve(g.dataset))})
     todo = [st for st in (diag, sens) if st is not None and not st.is_done()]
     model = restore_unfolded(s, calib) if todo else None

@@ -113,7 +113,7 @@ def build_checkpoint(ctx: BuildContext) -> CheckpointEngine:
         notes.append(f"ModelOpt unified checkpoint ({decl.quant_algo}, KV cache {decl.kv_cache_algo or 'not quantized'}): "
                      f"weights decoded from the stored codes; activations and KV cache quantized from the stored scales")
     else:
-        check_declared_quant(folder, ctx.config, None, None) if ctx.config.quant.format is not QuantFormat.none else None
+        check_declared_quant(folder, ctx.config, None, None)
         from transformers import AutoModelForCausalLM
 
         try:

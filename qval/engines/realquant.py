@@ -10,8 +10,10 @@ Real GEMMs:
 - CUDA: ModelOpt's FP8 per-tensor GEMM (`torch._scaled_mm`, compute capability >= 8.9, i.e.
   Hopper/Ada). ModelOpt 0.47 does not import that backend itself (`backends/__init__.py` only
   imports the NVFP4 one), so without the explicit import below it never runs.
-- CPU: qval routes FP8 linears to `torch._scaled_mm` itself (`install_cpu_fp8`): FP8 operands
-  scaled exactly as on the GPU; the CPU has no FP8 hardware, so the kernel multiplies in float32.
+- CPU: on request (`engine.options.cpu_fp8_gemm: scaled_mm`) qval routes FP8 linears to
+  `torch._scaled_mm` itself (`install_cpu_fp8`): FP8 operands scaled exactly as on the GPU. The
+  CPU has no FP8 hardware; its kernel multiplies in float32 and costs ~27 ms per call even for
+  one token (this model: ~6 s per decoded token), so the default there is emulation.
 
 Activations of layers without a real GEMM, and the KV cache, stay ModelOpt fake-quant.
 `describe()['notes']` says, after the run, which linears ran which GEMM.
@@ -24,9 +26,11 @@ import copy
 import io
 import types
 from collections import Counter
-from typing import Any
+from typing import Any, Literal
 
 import torch
+
+from pydantic import BaseModel, ConfigDict
 
 from ..config import QuantFormat
 from ..errors import StageError
@@ -34,6 +38,16 @@ from . import ENGINES, BuildContext
 from .hf import HFEngine
 
 CPU_GEMM = "qval_cpu_fp8_scaled_mm"
+
+
+class RealQuantOptions(BaseModel):
+    """`engine.options` of realquant."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    #: on a CPU: "emulate" (dequantize the stored FP8 weights, float GEMM) or "scaled_mm"
+    #: (torch._scaled_mm with FP8 operands: the GPU's data path, but slow on a CPU)
+    cpu_fp8_gemm: Literal["emulate", "scaled_mm"] = "emulate"
 
 
 def _fp8_qtensor_weight(module: torch.nn.Module) -> bool:
@@ -163,7 +177,14 @@ def build_realquant(ctx: BuildContext) -> RealQuantEngine:
     where = "cuda" if ctx.reference.device.startswith("cuda") else "cpu"
     notes = [f"real quantization (ModelOpt mtq.compress) on {where}"]
     if where == "cpu":
-        install_cpu_fp8(model)
-        notes.append("CPU: FP8 GEMMs run through torch._scaled_mm, whose CPU kernel multiplies the FP8 operands in "
-                     "float32 (no FP8 hardware); INT8/INT4 weights have no CPU kernel and are dequantized per forward")
+        options = RealQuantOptions.model_validate(ctx.config.engine.options)
+        if options.cpu_fp8_gemm == "scaled_mm":
+            install_cpu_fp8(model)
+            notes.append("CPU: FP8 GEMMs through torch._scaled_mm, whose CPU kernel multiplies the FP8 operands in float32 "
+                         "(no FP8 hardware)")
+        notes.append("CPU: no low-precision GEMM hardware; weights stay stored in low precision and are dequantized per "
+                     "forward unless a GEMM is listed below")
     return RealQuantEngine(model, ctx.reference.tokenizer, notes=notes)
+
+
+build_realquant.options_model = RealQuantOptions  # type: ignore[attr-defined]

@@ -92,7 +92,8 @@ def build_export(cfg: "GateConfig", reference: "LoadedModel", calib_state: Path 
         del calibrated, exported_view
         fidelity = {"key": key, **report.to_dict()}
         atomic_write_json(fid_path, fidelity)
-        torch.cuda.empty_cache() if torch.cuda.is_available() else None
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
     return BuildResult(folder=folder, export=export_info, fidelity=fidelity, cached=cached)
 
 

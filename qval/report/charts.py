@@ -67,6 +67,22 @@ def label(v: float) -> str:
     return f"{v:.3g}"
 
 
+def labels(ticks: Sequence[float]) -> list[str]:
+    """Tick texts with just enough decimals to tell neighbours apart.
+
+    >>> labels([31.5, 31.55, 31.6]), labels([0, 500, 1000])
+    (['31.5', '31.55', '31.6'], ['0', '500', '1000'])
+    """
+    plain = [label(t) for t in ticks]
+    if len(set(plain)) == len(plain):
+        return plain
+    for d in range(1, 7):
+        texts = [f"{t:.{d}f}".rstrip("0").rstrip(".") for t in ticks]
+        if len(set(texts)) == len(texts):
+            return texts
+    return plain
+
+
 class Scale:
     """Maps data values to pixels, linear or log10."""
 
@@ -88,15 +104,15 @@ def _frame(title: str, xlabel: str, ylabel: str, xs: Scale, ys: Scale, height: i
            'font-family="Helvetica,Arial,sans-serif" font-size="11">',
            f'<rect width="{W}" height="{height}" fill="#ffffff"/>',
            f'<text x="{W / 2}" y="18" text-anchor="middle" font-size="13" font-weight="bold">{escape(title)}</text>']
-    for t in ys.ticks:
+    for t, text in zip(ys.ticks, labels(ys.ticks)):
         y = ys(t)
         out.append(f'<line x1="{LEFT}" x2="{W - RIGHT}" y1="{y:.1f}" y2="{y:.1f}" stroke="#e5e5e5"/>')
-        out.append(f'<text x="{LEFT - 6}" y="{y + 4:.1f}" text-anchor="end">{label(t)}</text>')
+        out.append(f'<text x="{LEFT - 6}" y="{y + 4:.1f}" text-anchor="end">{text}</text>')
     if xtick_labels:
-        for t in xs.ticks:
+        for t, text in zip(xs.ticks, labels(xs.ticks)):
             x = xs(t)
             out.append(f'<line x1="{x:.1f}" x2="{x:.1f}" y1="{height - BOTTOM}" y2="{height - BOTTOM + 4}" stroke="#333"/>')
-            out.append(f'<text x="{x:.1f}" y="{height - BOTTOM + 16}" text-anchor="middle">{label(t)}</text>')
+            out.append(f'<text x="{x:.1f}" y="{height - BOTTOM + 16}" text-anchor="middle">{text}</text>')
     out.append(f'<line x1="{LEFT}" x2="{W - RIGHT}" y1="{height - BOTTOM}" y2="{height - BOTTOM}" stroke="#333"/>')
     out.append(f'<line x1="{LEFT}" x2="{LEFT}" y1="{top}" y2="{height - BOTTOM}" stroke="#333"/>')
     out.append(f'<text x="{(LEFT + W - RIGHT) / 2}" y="{height - 10}" text-anchor="middle">{escape(xlabel)}</text>')
@@ -166,9 +182,9 @@ def ranked_bars(items: Sequence[tuple[str, float, float | None]], title: str, xl
     out = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{W}" height="{height}" viewBox="0 0 {W} {height}" '
            'font-family="Helvetica,Arial,sans-serif" font-size="11">', f'<rect width="{W}" height="{height}" fill="#ffffff"/>',
            f'<text x="{W / 2}" y="18" text-anchor="middle" font-size="13" font-weight="bold">{escape(title)}</text>']
-    for t in xs.ticks:
+    for t, text in zip(xs.ticks, labels(xs.ticks)):
         out.append(f'<line x1="{xs(t):.1f}" x2="{xs(t):.1f}" y1="{TOP}" y2="{height - BOTTOM}" stroke="#e5e5e5"/>')
-        out.append(f'<text x="{xs(t):.1f}" y="{height - BOTTOM + 16}" text-anchor="middle">{label(t)}</text>')
+        out.append(f'<text x="{xs(t):.1f}" y="{height - BOTTOM + 16}" text-anchor="middle">{text}</text>')
     zero = xs(0.0)
     for i, (name, v, e) in enumerate(rows):
         y = TOP + 16 * i

@@ -88,7 +88,7 @@ def header(r: dict[str, Any]) -> str:
                      f"{', '.join(cand.get('exclude') or []) or 'nothing'}; engine {(cand.get('engine') or {}).get('backend')}")
     items += [f"Note: {n}" for n in model.get("notes", [])]
     if r.get("created"):
-        items.append(f"Created {r['created']}; run took {r.get('seconds')} s")
+        items.append(f"Created {r['created']}" + (f"; run took {r['seconds']} s" if r.get("seconds") is not None else ""))
     return "\n".join(out) + "<ul>" + "".join(f"<li>{escape(i)}</li>" for i in items) + "</ul>"
 
 
@@ -235,8 +235,8 @@ def _cell(v: Any) -> Any:
 
 def sensitivity_section(s: dict[str, Any] | None) -> str:
     if not s:
-        return ('<h2>Sensitivity</h2><p class="note">Not ranked for this run (diagnostics.sensitivity is auto and the '
-                "candidate passed, or never). <code>qval diagnose</code> always ranks.</p>")
+        return ('<h2>Sensitivity</h2><p class="note">Not ranked for this run: diagnostics.sensitivity is "never", or '
+                '"auto" and the candidate passed. <code>qval gate --fallback auto</code> always ranks; <code>qval diagnose</code> ranks unless it is "never".</p>')
     base = s.get("base_kld") or {}
     out = ["<h2>Sensitivity ranking</h2>",
            f"<p>Mean KLD on the slice ({s.get('chunks')} chunk(s) of {s.get('ctx')} tokens, {s.get('positions')} scored positions): "

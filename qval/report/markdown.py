@@ -149,6 +149,8 @@ def render_markdown(r: dict[str, Any]) -> str:
             f"- {v['failed_checks']} of {len(v['checks'])} checks failed; run took {r['seconds']} s; created {r['created']}"]
     for note in model.get("notes", []):
         out.append(f"- Note: {note}")
+    for note in cand["engine"].get("notes", []):  # what the candidate's engine really ran (e.g. emulated GEMMs)
+        out.append(f"- Engine: {note}")
     out += ["", "## Checks", "", *checks_table(v["checks"]), ""]
     fails = [c for c in v["checks"] if c["outcome"] != "pass"]
     if fails:

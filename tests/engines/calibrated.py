@@ -19,12 +19,14 @@ atexit.register(shutil.rmtree, _DIR, True)
 _STATES: dict[tuple[str, str], Path] = {}
 
 
-def gate_config(name: str, fmt: str = "fp8", kv: str = "fp16", **sections: Any) -> Any:
-    """A validated GateConfig sized for CI (AWQ in blocks of 64: 576, this model's width, is
-    not a multiple of 128 and ModelOpt cannot export partial blocks)."""
+def gate_config(name: str, fmt: str = "fp8", kv: str = "fp16", tokens: int = 1024, **sections: Any) -> Any:
+    """A validated GateConfig sized for CI: gate 1 reads `tokens` tokens in chunks of 256; AWQ
+    in blocks of 64 (576, this model's width, is not a multiple of 128 and ModelOpt cannot
+    export partial blocks)."""
     from qval.config import parse_config
 
     data = small_config(name, fmt, kv, **sections)
+    data["gates"]["agreement"] = {**data["gates"]["agreement"], "tokens": tokens, "ctx": 256}
     data["calibration"] = {**data["calibration"], "samples": 2, "seq_len": 64, "batch_size": 2}
     data.setdefault("diagnostics", {"enabled": False})
     if fmt in ("int4_awq", "w4a8_awq"):

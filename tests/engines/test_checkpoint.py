@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from qval.engines.checkpoint import PROBE
 from tests.engines.calibrated import build_context, exported, gate_config
 
 pytestmark = pytest.mark.slow
@@ -46,7 +47,8 @@ def test_tokenizer_with_other_ids_is_refused(default_model, tmp_path):
     folder = _copy_without_weights(exported(default_model, "fp8").folder, tmp_path / "c")
     tok = json.loads((folder / "tokenizer.json").read_text())
     vocab = tok["model"]["vocab"]
-    a, b = default_model.tokenizer.convert_ids_to_tokens(default_model.tokenizer("must")["input_ids"][:1])[0], "Ġthe"
+    first = default_model.tokenizer(PROBE, add_special_tokens=False)["input_ids"][0]
+    a, b = default_model.tokenizer.convert_ids_to_tokens(first), "Ġthe"  # the probe's first token, and one it lacks
     vocab[a], vocab[b] = vocab[b], vocab[a]  # same size, two ids swapped
     (folder / "tokenizer.json").write_text(json.dumps(tok))
     with pytest.raises(ModelError, match="splits a probe text differently"):

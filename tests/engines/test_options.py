@@ -25,8 +25,10 @@ def test_bad_option_value():
 
 
 def test_backend_without_options():
-    with pytest.raises(ConfigError, match="engine backend 'realquant' takes no options"):
-        parse_config(small_config("x", engine={"backend": "realquant", "options": {"gemm": "fast"}}))
+    with pytest.raises(ConfigError, match="engine backend 'fakequant' takes no options"):
+        parse_config(small_config("x", engine={"backend": "fakequant", "options": {"gemm": "fast"}}))
+    with pytest.raises(ConfigError, match="cpu_fp8_gemm"):
+        parse_config(small_config("x", engine={"backend": "realquant", "options": {"cpu_fp8_gemm": "fast"}}))
 
 
 def test_checkpoint_needs_a_path_and_skips_calibration():

@@ -32,20 +32,28 @@ def test_cpu_fp8_gemm_agrees_with_dequantized_matmul():
 
 @pytest.mark.slow
 def test_fp8_realquant_on_cpu(default_model, tmp_path):
+    """Default on a CPU: FP8 storage, emulated GEMM (named as such); then the same engine routed
+    through torch._scaled_mm. Both stay close to the fake-quant candidate."""
     from qval.engines import ENGINES
+    from qval.engines.realquant import install_cpu_fp8
 
     state = calibrated_state(default_model, "fp8")
     rq = ENGINES.get("realquant")(build_context(default_model, gate_config("rq", "fp8", engine={"backend": "realquant"}), state, tmp_path))
     fq = ENGINES.get("fakequant")(build_context(default_model, gate_config("fq", "fp8"), state, tmp_path))
     ids = torch.tensor([default_model.tokenizer("A quantized model should still know that water boils at")["input_ids"]])
-    a, b = fq.logits(ids)[0], rq.logits(ids)[0]
+    a = fq.logits(ids)[0]
     d = rq.describe()
     assert d["weight_storage"] == {"float8_e4m3fn": 210}
-    assert d["gemms"] == {"FP8 torch._scaled_mm on CPU (float32 arithmetic inside the kernel)": 210}
-    assert not any("fell back" in n for n in d["notes"])
-    kld = (a.log_softmax(-1).exp() * (a.log_softmax(-1) - b.log_softmax(-1))).sum(-1)
-    # same calibrated scales; the two differ only where a weight sits on a rounding midpoint
-    assert float(kld.mean()) < 0.05 and float((a.argmax(-1) == b.argmax(-1)).float().mean()) >= 0.75
+    assert d["gemms"] == {"dequantize + float GEMM (emulated)": 210}
+    assert any("210 quantized linears fell back to emulation" in n for n in d["notes"])
+    emulated = rq.logits(ids)[0]
+    assert install_cpu_fp8(rq.model) == 210
+    b = rq.logits(ids)[0]
+    assert rq.describe()["gemms"] == {"FP8 torch._scaled_mm on CPU (float32 arithmetic inside the kernel)": 210}
+    for other in (emulated, b):
+        kld = (a.log_softmax(-1).exp() * (a.log_softmax(-1) - other.log_softmax(-1))).sum(-1)
+        # same calibrated scales; they differ only where a value sits on a rounding midpoint
+        assert float(kld.mean()) < 0.05 and float((a.argmax(-1) == other.argmax(-1)).float().mean()) >= 0.75
 
 
 @pytest.mark.slow
