@@ -116,6 +116,13 @@ def base_row(name: str, qz: Any) -> dict[str, Any]:
     return row
 
 
+def block_size(qz: Any, x: torch.Tensor) -> int | None:
+    """The quantizer's block size along x's last axis, if it quantizes in blocks."""
+    bs = qz.block_sizes or {}
+    size = bs.get(-1, bs.get(x.dim() - 1))
+    return int(size) if isinstance(size, int) else None
+
+
 def _effective_input(qz: Any, x: torch.Tensor) -> torch.Tensor:
     """What the quantizer grid sees: the input after SmoothQuant/AWQ smoothing."""
     pqs = qz.pre_quant_scale
@@ -138,7 +145,7 @@ def collect(model: torch.nn.Module, quantizers: Iterable[tuple[str, Any]], batch
             weight = model.get_submodule(name.rpartition(".")[0]).weight
             rows[name]["numel"] = weight.numel()
             q = folded.entries[name].quantized if name in folded.entries else qz(weight)
-            acc[name].add(_effective_input(qz, weight), q, _amax(qz), sample=WEIGHT_SAMPLE)
+            acc[name].add(_effective_input(qz, weight), q, _amax(qz), sample=WEIGHT_SAMPLE, block=block_size(qz, weight))
         else:
             hooks.append(qz.register_forward_hook(_hook(acc[name])))
     try:
@@ -160,7 +167,7 @@ def _hook(stats: AbsStats) -> Callable[..., None]:
     def hook(module: Any, args: tuple[Any, ...], output: Any) -> None:
         x = args[0]
         if isinstance(x, torch.Tensor) and isinstance(output, torch.Tensor) and x.numel():
-            stats.add(_effective_input(module, x), output, _amax(module), sample=ACTIVATION_SAMPLE)
+            stats.add(_effective_input(module, x), output, _amax(module), sample=ACTIVATION_SAMPLE, block=block_size(module, x))
 
     return hook
 

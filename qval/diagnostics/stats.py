@@ -30,28 +30,45 @@ _LOG2_LO, _LOG2_HI, _PER_OCTAVE = -48.0, 48.0, 64
 _BINS = int((_LOG2_HI - _LOG2_LO) * _PER_OCTAVE)
 
 
-def amax_per_element(x: Tensor, amax: Tensor) -> Tensor | None:
+def _blocks(x: Tensor, amax: Tensor, block: int | None = None) -> tuple[int, int, int] | None:
+    """(rows, blocks per row, block) when amax holds one value per block of x's last axis. The
+    last block of a row may be partial (ModelOpt pads: 576 columns in blocks of 128 are 5
+    blocks), so the count alone is ambiguous: give `block` (the quantizer's block size), else
+    only an exact split of the row is assumed."""
+    if x.dim() == 0 or x.numel() == 0:
+        return None
+    last = x.shape[-1]
+    rows = x.numel() // last
+    if amax.numel() % rows:
+        return None
+    per_row = amax.numel() // rows
+    if block is None:
+        block = last // per_row if last % per_row == 0 else None
+    return (rows, per_row, block) if block and -(-last // block) == per_row else None
+
+
+def amax_per_element(x: Tensor, amax: Tensor, block: int | None = None) -> Tensor | None:
     """`amax` expanded to x's shape, or None when its layout is not one qval understands.
 
     Per-tensor (1 value), per-channel (broadcastable, e.g. [out, 1] for a weight) and static
-    blocks along the last axis ([n_blocks, 1] with x.numel() = n_blocks · block).
+    blocks of `block` along the last axis ([rows · blocks per row, 1], a row's last block maybe partial).
     >>> amax_per_element(torch.ones(2, 4), torch.tensor([[1.0], [2.0]])).tolist()
     [[1.0, 1.0, 1.0, 1.0], [2.0, 2.0, 2.0, 2.0]]
     >>> amax_per_element(torch.ones(2, 4), torch.tensor([[1.0], [2.0], [3.0], [4.0]])).tolist()
     [[1.0, 1.0, 2.0, 2.0], [3.0, 3.0, 4.0, 4.0]]
+    >>> amax_per_element(torch.ones(1, 5), torch.tensor([[1.0], [2.0]]), block=3).tolist()  # 3 + 2 columns
+    [[1.0, 1.0, 1.0, 2.0, 2.0]]
     """
     amax = amax.to(device=x.device, dtype=torch.float32)
     if amax.numel() == 1:
         return amax.reshape(()).expand(x.shape)
-    try:
+    if not _block_layout(x, amax):
         return torch.broadcast_to(amax, x.shape)
-    except RuntimeError:
-        pass
-    n = amax.numel()
-    if x.numel() % n == 0 and x.shape[-1] % (x.numel() // n) == 0:
-        block = x.numel() // n
-        return amax.reshape(-1, 1).expand(n, block).reshape(x.shape)
-    return None
+    shape = _blocks(x, amax, block)
+    if shape is None:
+        return None
+    rows, per_row, size = shape
+    return amax.reshape(rows, per_row).repeat_interleave(size, dim=1)[:, : x.shape[-1]].reshape(x.shape)
 
 
 def sqnr_db(signal_power: float, noise_power: float) -> float:
@@ -77,13 +94,13 @@ def tensor_sqnr_db(x: Tensor, q: Tensor) -> float:
     return sqnr_db(float((x64 * x64).sum()), float(((x64 - q64) ** 2).sum()))
 
 
-def clip_fraction(x: Tensor, amax: Tensor) -> float:
+def clip_fraction(x: Tensor, amax: Tensor, block: int | None = None) -> float:
     """Fraction of elements outside ±amax (they saturate at the edge of the grid).
 
     >>> clip_fraction(torch.tensor([0.5, -2.0, 1.0, 3.0]), torch.tensor(1.0))
     0.5
     """
-    a = amax_per_element(x, amax)
+    a = amax_per_element(x, amax, block)
     if a is None or x.numel() == 0:
         return math.nan
     return float((x.abs().float() > a).sum()) / x.numel()
@@ -100,16 +117,16 @@ def flush_fraction(x: Tensor, q: Tensor) -> float:
     return math.nan if n == 0 else float((nonzero & (q == 0)).sum()) / n
 
 
-def range_utilization(x: Tensor, amax: Tensor) -> float:
-    """Mean over scale groups (tensor, channel or block) of max|x| in the group / its amax.
+def range_utilization(x: Tensor, amax: Tensor, block: int | None = None) -> float:
+    """Mean over scale groups (tensor, channel or block) of max|x| in the group / its amax;
+    groups with amax 0 (all-zero blocks) are left out.
 
     >>> range_utilization(torch.tensor([[0.5, -1.0], [0.25, 0.1]]), torch.tensor([[1.0], [1.0]]))
     0.625
     """
-    if amax_per_element(x, amax) is None:
+    if amax_per_element(x, amax, block) is None:
         return math.nan
-    gmax = _group_max(x.detach().abs().float(), amax)
-    return float((gmax / amax.detach().float().cpu().reshape(-1)).mean())
+    return _mean_ratio(_group_max(x.detach().abs().float(), amax, block), amax)
 
 
 def _block_layout(x: Tensor, amax: Tensor) -> bool:
@@ -166,7 +183,7 @@ class AbsStats:
         self.sample_n = self.sample_zeros = self.sample_nonzero = 0  # what the histogram has seen
 
     @torch.no_grad()
-    def add(self, x: Tensor, q: Tensor, amax: Tensor | None, sample: int | None = None) -> None:
+    def add(self, x: Tensor, q: Tensor, amax: Tensor | None, sample: int | None = None, block: int | None = None) -> None:
         """One batch: x as the quantizer saw it, q its output, amax its range (None: dynamic).
 
         Counts and powers use every element. The |x| histogram (for p99.9) uses every element,
@@ -195,12 +212,12 @@ class AbsStats:
         self.hist += torch.histc(picked.log2().clamp_(_LOG2_LO, _LOG2_HI - 1e-6), bins=_BINS, min=_LOG2_LO, max=_LOG2_HI).double().cpu()
         if amax is None:
             return
-        a = amax_per_element(x, amax)
+        a = amax_per_element(x, amax, block)
         if a is None:
             return
         self.amax = amax.detach().float().cpu()
         self.clipped += int(torch.count_nonzero(ax > a))
-        gmax = _group_max(ax, amax)
+        gmax = _group_max(ax, amax, block)
         self.group_max = gmax if self.group_max is None else torch.maximum(self.group_max, gmax)
 
     def quantile(self, q: float) -> float:
@@ -228,7 +245,7 @@ class AbsStats:
         }
         if self.amax is not None and self.group_max is not None:
             out["clipped"] = self.clipped / self.n
-            out["range_use"] = float((self.group_max / self.amax.reshape(self.group_max.shape)).mean())
+            out["range_use"] = _mean_ratio(self.group_max, self.amax)
             out["outlier_ratio"] = outlier_ratio(self.amax, p999)
         return out
 
@@ -247,13 +264,25 @@ def _stride(numel: int, last: int, sample: int | None) -> int:
     return step
 
 
-def _group_max(ax: Tensor, amax: Tensor) -> Tensor:
+def _group_max(ax: Tensor, amax: Tensor, block: int | None = None) -> Tensor:
     """max|x| per amax group, shaped like amax.reshape(-1) (CPU float32)."""
     groups = amax.numel()
     if groups == 1:
         return ax.max().reshape(1).cpu()
     if _block_layout(ax, amax):
-        return ax.reshape(groups, -1).amax(dim=1).cpu()
+        rows, per_row, size = _blocks(ax, amax, block)  # type: ignore[misc]  (callers checked the layout)
+        flat = ax.reshape(rows, ax.shape[-1])
+        pad = per_row * size - ax.shape[-1]
+        if pad:  # |x| >= 0, so zero padding leaves every block's max alone
+            flat = torch.nn.functional.pad(flat, (0, pad))
+        return flat.reshape(rows, per_row, size).amax(dim=2).reshape(-1).cpu()
     lead = ax.dim() - amax.dim()
     reduce = [d for d in range(ax.dim()) if d < lead or amax.shape[d - lead] == 1]
     return ax.amax(dim=reduce).reshape(-1).cpu()
+
+
+def _mean_ratio(group_max: Tensor, amax: Tensor) -> float:
+    """Mean of max|x| / amax over the groups whose amax is not 0 (an all-zero block has no range)."""
+    a = amax.reshape(-1).float().cpu()
+    live = a > 0
+    return float((group_max[live] / a[live]).mean()) if live.any() else math.nan

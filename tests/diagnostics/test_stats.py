@@ -140,3 +140,35 @@ def test_quantile_counts_zeros():
     assert s.quantile(0.5) == 0.0
     assert s.quantile(0.95) == pytest.approx(1.0, rel=0.012)
     assert s.summary()["flushed"] == 0.0
+
+
+def test_partial_blocks_as_modelopt_pads_them():
+    """576 columns in blocks of 128 are 5 blocks, the last one of 64; here 6 columns in blocks of
+    4: ModelOpt's calibrated amax has 2 values per row, and every figure must line up with it."""
+    from modelopt.torch.quantization.config import QuantizerAttributeConfig
+    from modelopt.torch.quantization.nn import TensorQuantizer
+
+    x = torch.tensor([[1.0, -2.0, 0.5, 0.25, 3.0, 0.1], [0.0, 0.0, 0.0, 0.0, -4.0, 2.0]])
+    q = TensorQuantizer(QuantizerAttributeConfig(num_bits=4, block_sizes={-1: 4}))
+    q.enable_calib()
+    q.disable_quant()
+    q(x)
+    q.load_calib_amax()
+    q.disable_calib()
+    q.enable_quant()
+    assert q.amax.numel() == 4  # 2 rows × (4 + 2 columns)
+    assert q.amax.reshape(-1).tolist() == [2.0, 3.0, 0.0, 4.0]  # an all-zero block has amax 0
+    # 2 blocks in 6 columns: the count alone reads 3 + 3, which is why collect() passes the block size
+    assert amax_per_element(x, q.amax)[0].tolist() == [2.0, 2.0, 2.0, 3.0, 3.0, 3.0]
+    from qval.diagnostics.scales import block_size
+
+    assert block_size(q, x) == 4
+    a = amax_per_element(x, q.amax, block=4)
+    assert a.tolist() == [[2.0, 2.0, 2.0, 2.0, 3.0, 3.0], [0.0, 0.0, 0.0, 0.0, 4.0, 4.0]]
+    assert range_utilization(x, q.amax, block=4) == pytest.approx(1.0)  # the zero block is left out, not a NaN
+    assert range_utilization(x, q.amax * 8, block=4) == pytest.approx(0.125)
+    # half of each block's amax: 1, 1.5, 0, 2 → -2, 3 and -4 exceed it (1.0 and 2.0 sit exactly on it)
+    assert clip_fraction(x, q.amax / 2, block=4) == pytest.approx(3 / 12)
+    s = AbsStats()
+    s.add(x, q(x), q.amax, block=4)
+    assert s.summary()["range_use"] == pytest.approx(1.0) and s.summary()["clipped"] == 0.0
