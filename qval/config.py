@@ -233,8 +233,10 @@ class LongGenGate(Strict):
     max_late_drift: Threshold = None  # late mean KLD − early mean KLD
     max_seq_rep4_excess: Threshold = None  # candidate late seq-rep-4 − reference late seq-rep-4
     max_judge_nll_excess: Threshold = None  # reference NLL of the candidate's late text − of its own
-    max_loops_excess: CountLimit = 0  # prompts ending in a loop, candidate − reference
-    max_premature_eos_excess: CountLimit = 0  # only when suppress_eos is false
+    # prompts ending in a loop / stopped by EOS early, candidate − reference. Sized by default: strict
+    # (0) when the reference never does it, tolerant of noise when it does (small models loop greedily)
+    max_loops_excess: CountLimit = Field(default_factory=Sized)
+    max_premature_eos_excess: CountLimit = Field(default_factory=Sized)  # only when suppress_eos is false
 
     @field_validator("min_late_top1", "max_seq_rep4_excess", mode="before")
     @classmethod

@@ -28,8 +28,8 @@ import torch
 from ..config import GateConfig, Sized
 from ..data import dataset_identity, load_dataset
 from ..errors import DataError
-from ..metrics import detect_loop, distinct_n, mean_estimate, proportion, seq_rep_n, sized_threshold, windows
-from ..metrics.estimate import Z95, Estimate
+from ..metrics import detect_loop, distinct_n, mean_estimate, seq_rep_n, sized_threshold, windows
+from ..metrics.estimate import Estimate
 from ..metrics.tokens import first_nonfinite, nll_of_targets, token_stats
 from ..progress import SILENT
 from ..reference import GenerationSettings, cached_generations, render_prompts
@@ -120,13 +120,6 @@ def _window_mean(arrays: list[np.ndarray], s: int, e: int) -> float | None:
     return float(np.mean(vals)) if vals else None
 
 
-def _diff(a: Estimate, b: Estimate) -> Estimate:
-    """a − b of two estimates from disjoint position sets, standard errors in quadrature."""
-    se = math.sqrt((a.stderr or 0.0) ** 2 + (b.stderr or 0.0) ** 2)
-    v = a.value - b.value
-    return Estimate(v, se, v - Z95 * se, v + Z95 * se, a.n)
-
-
 def _count(x: float, n: int) -> Estimate:
     return Estimate(x, n=n)
 
@@ -176,14 +169,19 @@ def summarize(cfg: GateConfig, records: list[dict[str, Any]], seqs: list[dict[st
     g = cfg.gates.longgen
     n = len(seqs)
     span = min(LOOP_SPAN, max(1, g.new_tokens // 2))  # short test runs scale the loop span down
-    early_kld, late_kld, early_top1, late_top1 = [], [], [], []
+    # per prompt: mean over its early / late positions. Positions of one continuation are far
+    # from independent (a loop repeats the same few predictions), so the prompt is the unit
+    # every interval and sized threshold below counts.
+    e_kld, l_kld, e_top1, l_top1 = [], [], [], []
     ref_late_nll, cand_late_nll, per_prompt = [], [], []
     ref_health, cand_health = [], []
+    edge_positions = 0
     for i, s in enumerate(seqs):
         tf = s["tf"]
         e, l = edges(tf["kld"].size, g.edge)
-        early_kld.append(tf["kld"][e]), late_kld.append(tf["kld"][l])
-        early_top1.append(tf["top1"][e]), late_top1.append(tf["top1"][l])
+        e_kld.append(float(tf["kld"][e].mean())), l_kld.append(float(tf["kld"][l].mean()))
+        e_top1.append(float(tf["top1"][e].mean())), l_top1.append(float(tf["top1"][l].mean()))
+        edge_positions += int(tf["kld"][l].size)
         rh, ch = health(s["ref"], g.window, g.edge, span), health(s["cand"], g.window, g.edge, span)
         ref_health.append(rh), cand_health.append(ch)
         _, rl = edges(len(s["ref"]), g.edge)
@@ -196,24 +194,23 @@ def summarize(cfg: GateConfig, records: list[dict[str, Any]], seqs: list[dict[st
         rec = records[i]
         per_prompt.append({"id": rec.get("id", str(i)), "lang": rec.get("lang"), "kind": rec.get("kind"),
                            "ref_tokens": len(s["ref"]), "cand_tokens": len(s["cand"]), "first_divergence": diverge,
-                           "early_kld": float(tf["kld"][e].mean()), "late_kld": float(tf["kld"][l].mean()),
-                           "early_top1": float(tf["top1"][e].mean()), "late_top1": float(tf["top1"][l].mean()),
+                           "early_kld": e_kld[-1], "late_kld": l_kld[-1], "early_top1": e_top1[-1], "late_top1": l_top1[-1],
                            "ref_late_seq_rep4": rh["late_seq_rep4"], "cand_late_seq_rep4": ch["late_seq_rep4"],
                            "ref_late_nll": ref_late_nll[-1], "cand_late_judge_nll": cand_late_nll[-1],
                            "ref_loop_period": rh["loop_period"], "cand_loop_period": ch["loop_period"],
                            "ref_eos_step": ref_eos[i] if i < len(ref_eos) else None,
                            "cand_eos_step": cand_eos[i] if i < len(cand_eos) else None})
 
-    ek, lk = mean_estimate(np.concatenate(early_kld)), mean_estimate(np.concatenate(late_kld))
-    et, lt = proportion(np.concatenate(early_top1)), proportion(np.concatenate(late_top1))
+    ek, lk, et, lt = (mean_estimate(np.array(x)) for x in (e_kld, l_kld, e_top1, l_top1))
     rep_excess = np.array([c["late_seq_rep4"] - r["late_seq_rep4"] for r, c in zip(ref_health, cand_health)])
     nll_excess = np.array(cand_late_nll) - np.array(ref_late_nll)
     ref_loops = sum(h["loop_period"] is not None for h in ref_health)
     cand_loops = sum(h["loop_period"] is not None for h in cand_health)
     measurements = {
         "late_top1": lt, "early_top1": et, "late_kld": lk, "early_kld": ek,
-        "late_drift": _diff(lk, ek),  # the gated drift: late mean KLD − early mean KLD
-        "top1_drift": _diff(et, lt),  # early − late agreement: positive = agreement decays
+        # paired per prompt: late − early KLD (the gated drift), early − late top-1 (> 0: agreement decays)
+        "late_drift": mean_estimate(np.array(l_kld) - np.array(e_kld)),
+        "top1_drift": mean_estimate(np.array(e_top1) - np.array(l_top1)),
         "seq_rep4_excess": mean_estimate(rep_excess),
         "judge_nll_excess": mean_estimate(nll_excess),
         "loops_excess": _count(cand_loops - ref_loops, n),
@@ -225,10 +222,10 @@ def summarize(cfg: GateConfig, records: list[dict[str, Any]], seqs: list[dict[st
 
     series = window_series([s["tf"] for s in seqs], [s["judge_cand"] for s in seqs], ref_health, cand_health, g.window,
                            max(len(s["ref"]) for s in seqs))
-    pooled = np.concatenate(early_kld + late_kld)
     details = {**info, "loop_span": span, "loop_max_period": LOOP_MAX_PERIOD, "windows": series, "per_prompt": per_prompt,
                "ref_loops": ref_loops, "cand_loops": cand_loops, "ref_eos_stops": ref_stops, "cand_eos_stops": cand_stops,
-               "sizing": {"edge_positions": int(min(ek.n or 0, lk.n or 0)), "kld_sigma": float(np.std(pooled, ddof=1)) if pooled.size > 1 else 0.0,
+               "late_positions": edge_positions,
+               "sizing": {"kld_sigma": _sd(e_kld + l_kld), "top1_sigma": _sd(e_top1 + l_top1),
                           "early_top1": et.value, "early_kld": ek.value, "prompts": n,
                           "ref_late_seq_rep4_sigma": _sd([h["late_seq_rep4"] for h in ref_health]),
                           "ref_late_nll_sigma": _sd(ref_late_nll), "ref_loop_rate": ref_loops / n if n else float("nan"),
@@ -277,15 +274,14 @@ _WHAT = {
 
 
 def _sized(metric: str, limit: Sized, z: dict[str, Any]) -> Threshold:
-    """Sized limits. Drift-type figures are sized against the candidate's own EARLY windows
-    (under "no accumulation" late equals early; σ = per-position spread, n = positions per
-    edge); health excesses against the reference's spread over prompts (n = prompts)."""
-    n_pos, n_pr = z["edge_positions"], z["prompts"]
+    """Sized limits, n = prompts throughout. Drift-type figures are sized against the candidate's
+    own EARLY positions (with nothing accumulating, late equals early; σ = spread of the
+    per-prompt early and late means); health excesses against the reference's own spread."""
+    n_pr = z["prompts"]
     if metric == "late_top1":
-        p = z["early_top1"]
-        args, ref, hib = (math.sqrt(max(p * (1 - p), 0.0)), n_pos), p, True
+        args, ref, hib = (z["top1_sigma"], n_pr), z["early_top1"], True
     elif metric in ("late_kld", "late_drift"):
-        args, ref, hib = (z["kld_sigma"], n_pos), (z["early_kld"] if metric == "late_kld" else 0.0), False
+        args, ref, hib = (z["kld_sigma"], n_pr), (z["early_kld"] if metric == "late_kld" else 0.0), False
     elif metric == "seq_rep4_excess":
         args, ref, hib = (z["ref_late_seq_rep4_sigma"], n_pr), 0.0, False
     elif metric == "judge_nll_excess":

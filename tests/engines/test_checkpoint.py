@@ -68,7 +68,7 @@ def test_checkpoint_is_gated_without_calibration(patch_reference, tmp_path):
     from qval.pipeline import run_gate
 
     folder = exported(patch_reference, "fp8").folder
-    cfg = gate_config("from-export", "fp8", engine={"backend": "checkpoint", "path": str(folder)})
+    cfg = gate_config("from-export", "fp8", tokens=512, engine={"backend": "checkpoint", "path": str(folder)})
     r = run_gate(cfg, out_dir=str(tmp_path))
     assert "calibrate" not in r.report["stages"] and r.report["calibration"] is None
     assert r.report["gates"]["agreement"]["status"] == "ok"

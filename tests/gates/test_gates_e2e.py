@@ -188,5 +188,5 @@ def test_full_2048_token_path_on_the_real_model(tmp_path, patch_reference):
     assert (d["new_tokens"], d["window"], d["edge"], d["loop_span"]) == (2048, 256, 512, 256)
     assert [(w["start"], w["end"]) for w in d["windows"]] == [(k * 256, (k + 1) * 256) for k in range(8)]
     assert d["per_prompt"][0]["ref_tokens"] == 2048 and d["per_prompt"][0]["cand_tokens"] == 2048
-    assert m["late_kld"]["n"] == 512 and m["late_drift"]["value"] == 0.0 and m["late_top1"]["value"] == 1.0
+    assert d["late_positions"] == 512 and m["late_drift"]["value"] == 0.0 and m["late_top1"]["value"] == 1.0
     assert all(w["ref_seq_rep4"] is not None and w["ref_nll"] is not None for w in d["windows"])

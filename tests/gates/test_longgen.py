@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from qval.config import parse_config
+from qval.config import Sized, parse_config
 from qval.errors import ConfigError
 from qval.gates import GateContext
 from qval.gates.longgen import _sized, edges, health, run, thresholds
@@ -46,7 +46,8 @@ def test_identical_candidate_has_exactly_zero_drift(tmp_path: Path) -> None:
     assert [(w["start"], w["end"]) for w in d["windows"]] == [(0, 16), (16, 32), (32, 48), (48, 64)]
     assert all(p["first_divergence"] is None for p in d["per_prompt"])
     assert d["ref_loops"] == d["cand_loops"] == 0  # the walk has period 120: no loop of period <= 64
-    assert r.measurements["late_kld"].n == 3 * 16
+    # intervals count prompts (positions of one continuation are not independent)
+    assert r.measurements["late_kld"].n == 3 and d["late_positions"] == 3 * 16
 
 
 def test_collapse_the_reference_does_not_show(tmp_path: Path) -> None:
@@ -94,7 +95,7 @@ def test_premature_eos_counts_only_without_suppression(tmp_path: Path) -> None:
     assert r.measurements["premature_eos_excess"].value == 3
     assert all(p["cand_eos_step"] == 20 and p["cand_tokens"] == 21 and p["ref_tokens"] == 64 for p in r.details["per_prompt"])
     # the teacher-forced figures still cover the reference's whole continuation
-    assert r.measurements["late_kld"].n == 3 * 16
+    assert r.details["late_positions"] == 3 * 16
     names = [t.metric for t in thresholds(make_ctx(tmp_path, FakeEngine(walk), suppress_eos=False).config, r)]
     assert "premature_eos_excess" in names
     # with EOS suppressed the same candidate runs to full length and the figure is not measured
@@ -126,19 +127,18 @@ def test_edges_and_health_on_planted_sequences() -> None:
 
 
 def test_sized_thresholds_worked_numbers() -> None:
-    z = {"edge_positions": 4096, "kld_sigma": 0.05, "early_top1": 0.9, "early_kld": 0.01, "prompts": 8,
+    z = {"kld_sigma": 0.05, "top1_sigma": 0.04, "early_top1": 0.9, "early_kld": 0.01, "prompts": 8,
          "ref_late_seq_rep4_sigma": 0.2, "ref_late_nll_sigma": 0.5, "ref_loop_rate": 0.25, "ref_eos_rate": 0.0}
-    from qval.config import Sized
-
     s = Sized()
-    # drift: sqrt(2·0.05²/4096) = 0.00110485; threshold 1.6448536·that = 0.00181732; θ = 2.4864748·that = 0.00274719
+    # drift: σ of the per-prompt KLD means 0.05, n = 8 prompts: sqrt(2·0.0025/8) = 0.025;
+    # threshold 1.6448536·0.025 = 0.04112134; θ = 2.4864748·0.025 = 0.06216187
     t = _sized("late_drift", s, z)
-    assert t.limit == pytest.approx(0.00181732, abs=1e-8) and t.min_detectable_effect == pytest.approx(0.00274719, abs=1e-8)
+    assert t.limit == pytest.approx(0.04112134, abs=1e-7) and t.min_detectable_effect == pytest.approx(0.06216187, abs=1e-7)
     # late KLD: the same margin above the candidate's own early KLD
-    assert _sized("late_kld", s, z).limit == pytest.approx(0.01 + 0.00181732, abs=1e-8)
-    # late top-1: σ = sqrt(0.9·0.1) = 0.3; sqrt(2·0.09/4096) = 0.00662913; 0.9 − 1.6448536·0.00662913 = 0.88909610
+    assert _sized("late_kld", s, z).limit == pytest.approx(0.01 + 0.04112134, abs=1e-7)
+    # late top-1: σ 0.04, sqrt(2·0.0016/8) = 0.02; 0.9 − 1.6448536·0.02 = 0.86710293
     t = _sized("late_top1", s, z)
-    assert t.op == "min" and t.limit == pytest.approx(0.88909610, abs=1e-7)
+    assert t.op == "min" and t.limit == pytest.approx(0.86710293, abs=1e-7)
     # seq-rep-4 excess: sqrt(2·0.04/8) = 0.1; threshold 0.16448536
     assert _sized("seq_rep4_excess", s, z).limit == pytest.approx(0.16448536, abs=1e-7)
     # loops: σ = sqrt(0.25·0.75) = 0.4330127; sqrt(2·0.1875/8) = 0.21650635 (a rate); × 8 prompts:
@@ -159,5 +159,5 @@ def test_config_rules() -> None:
     with pytest.raises(ConfigError, match="max_loops_excess = 1.5: must be a whole number"):
         parse_config({**base, "gates": {**base["gates"], "longgen": {"max_loops_excess": 1.5}}}, "x.yaml")
     cfg = parse_config({**base, "gates": {**base["gates"], "longgen": {"max_late_drift": {"sized": True, "beta": 0.1}}}}, "x.yaml")
-    assert cfg.gates.longgen.max_late_drift.beta == 0.1 and cfg.gates.longgen.max_loops_excess == 0
+    assert cfg.gates.longgen.max_late_drift.beta == 0.1 and isinstance(cfg.gates.longgen.max_loops_excess, Sized)
     assert LOW < 0 < HIGH  # the fake model's logits have the shape the closed forms assume
