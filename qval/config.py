@@ -114,7 +114,25 @@ class EngineConfig(Strict):
     backend: str = "fakequant"
     path: str | None = None  # backend 'checkpoint': the candidate's folder
     batch_size: int = Field(4, gt=0)
-    options: dict[str, Any] = Field(default_factory=dict)
+    options: dict[str, Any] = Field(default_factory=dict)  # typed per backend (its builder's `options_model`)
+
+    @model_validator(mode="after")
+    def _options_fit(self) -> "EngineConfig":
+        from .engines import ENGINES
+
+        if self.backend not in ENGINES:
+            return self  # GateConfig names the unknown backend
+        options_model = getattr(ENGINES.get(self.backend), "options_model", None)
+        if options_model is None:
+            if self.options:
+                raise ValueError(f"engine backend {self.backend!r} takes no options; remove engine.options")
+            return self
+        try:
+            options_model.model_validate(self.options)
+        except ValidationError as err:
+            problems = "; ".join(f"options.{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in err.errors())
+            raise ValueError(f"{problems} (allowed options for {self.backend}: {', '.join(options_model.model_fields)})") from None
+        return self
 
 
 class Sized(Strict):
@@ -337,16 +355,6 @@ class GateConfig(Strict):
             raise ValueError(ENGINES.unknown_message(self.engine.backend))
         if self.engine.backend == "checkpoint" and not self.engine.path:
             raise ValueError("engine backend 'checkpoint' needs engine.path: the candidate's folder")
-        options_model = getattr(ENGINES.get(self.engine.backend), "options_model", None)
-        if options_model is None and self.engine.options:
-            raise ValueError(f"engine backend {self.engine.backend!r} takes no options; remove engine.options")
-        if options_model is not None:
-            try:
-                options_model.model_validate(self.engine.options)
-            except ValidationError as err:
-                problems = "; ".join(f"engine.options.{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in err.errors())
-                raise ValueError(f"{problems} (allowed options for {self.engine.backend}: "
-                                 f"{', '.join(options_model.model_fields)})") from None
         return self
 
     def resolve(self, path: str) -> Path:

@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any
 
 from .errors import DataError
 from .io import atomic_write_json, hash_json
+from .progress import SILENT
 
 if TYPE_CHECKING:
     from .engines.base import Generation
@@ -131,14 +132,9 @@ def cached_generations(
         return CachedGeneration(stored, hit=True, key=key, path=path, seconds=0.0)
     t0 = time.perf_counter()
     label = f"reference generates {kind} ({len(prompts)} prompts × {settings.new_tokens} tokens)"
-    progress = ctx.progress
-    if progress is not None:
-        with progress.task(label, len(prompts)) as advance:
-            gen = ctx.reference.generate(prompts, settings.new_tokens, suppress_eos=settings.suppress_eos,
-                                         batch_size=settings.batch_size, progress=advance)
-    else:
+    with (ctx.progress or SILENT).task(label, len(prompts)) as advance:
         gen = ctx.reference.generate(prompts, settings.new_tokens, suppress_eos=settings.suppress_eos,
-                                     batch_size=settings.batch_size)
+                                     batch_size=settings.batch_size, progress=advance)
     seconds = time.perf_counter() - t0
     atomic_write_json(path, {"key": key, "inputs": inputs, "seconds": round(seconds, 2), "generation": gen.to_dict()})
     return CachedGeneration(gen, hit=False, key=key, path=path, seconds=seconds)

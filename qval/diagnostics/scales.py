@@ -186,20 +186,29 @@ def _num(x: Any) -> float:
 
 
 SQNR_MARGIN_DB = 10.0
+def _peer(r: dict[str, Any], c: dict[str, float], column: str) -> float:
+    """The median of `column` over quantizers of the same kind and format (NaN when none)."""
+    return c.get(f"{column}|{r['kind']}|{r['format']}", math.nan)
+
+
 RULES: tuple[Rule, ...] = (
     Rule("low_sqnr", f"SQNR more than {SQNR_MARGIN_DB:g} dB below the median of quantizers of the same kind and format "
          "in this model (a scale far off its peers, or a tensor the format cannot hold)",
-         lambda r, c: _num(r["sqnr_db"]) < c.get(f"{r['kind']}|{r['format']}", math.nan) - SQNR_MARGIN_DB),
+         lambda r, c: _num(r["sqnr_db"]) < _peer(r, c, "sqnr_db") - SQNR_MARGIN_DB),
     Rule("clipping", "more than 0.1 % of the values lie outside ±amax and saturate",
          lambda r, c: _num(r["clipped"]) > 1e-3),
-    Rule("flush", "more than 5 % of the non-zero values are flushed to zero",
-         lambda r, c: _num(r["flushed"]) > 0.05),
+    Rule("flush", "more than 1 % of the non-zero values flushed to zero and more than twice the median of quantizers "
+         "of the same kind and format (a 4-bit grid flushes many small weights by design: only a quantizer that "
+         "flushes far more than its peers is flagged)",
+         lambda r, c: _num(r["flushed"]) > max(0.01, 2 * _peer(r, c, "flushed"))),
     Rule("unused_range", "range use below 0.5: the largest value reaches less than half of amax, so more "
          "than half of the grid is never used (an inflated scale)",
          lambda r, c: _num(r["range_use"]) < 0.5),
-    Rule("outlier", "outlier ratio above 20 for integer formats (above 100 for float formats): 99.9 % of the "
-         "values use a twentieth (a hundredth) of the range, the rest is stretched by a few outliers",
-         lambda r, c: _num(r["outlier_ratio"]) > (100.0 if r["format"].startswith("FP") else 20.0)),
+    Rule("outlier", "per-tensor scale with an outlier ratio above 20 for integer formats (above 100 for float "
+         "formats): 99.9 % of the values use a twentieth (a hundredth) of the range, the rest is stretched by a few "
+         "outliers (per-channel and block scales adapt to each group, so the rule does not apply to them)",
+         lambda r, c: r["granularity"] == "per-tensor"
+         and _num(r["outlier_ratio"]) > (100.0 if r["format"].startswith("FP") else 20.0)),
     Rule("smoothing_spread", "SmoothQuant/AWQ smoothing factors spanning more than 100× (max/min): the smoothing "
          "moved much of the activation range into the weights",
          lambda r, c: _num(r["pqs_spread"]) > 100.0),
@@ -210,9 +219,10 @@ def apply_rules(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Set each row's `flags` (ids of the rules it breaks, `;`-separated); returns the flagged rows."""
     groups: dict[str, list[float]] = {}
     for r in rows:
-        v = _num(r["sqnr_db"])
-        if math.isfinite(v):
-            groups.setdefault(f"{r['kind']}|{r['format']}", []).append(v)
+        for column in ("sqnr_db", "flushed"):
+            v = _num(r[column])
+            if math.isfinite(v):
+                groups.setdefault(f"{column}|{r['kind']}|{r['format']}", []).append(v)
     medians = {k: statistics.median(v) for k, v in groups.items()}
     flagged = []
     for r in rows:

@@ -132,9 +132,10 @@ def run(ctx: GateContext) -> GateResult:
     settings = GenerationSettings(new_tokens=g.new_tokens, suppress_eos=g.suppress_eos, batch_size=g.batch_size)
     ref = cached_generations(ctx, "longgen", prompts, settings)
     progress = ctx.progress or SILENT
+    t_gen = time.perf_counter()
     with progress.task(f"gate 3: candidate generates ({len(prompts)} × {g.new_tokens} tokens)", len(prompts)) as advance:
         cand = ctx.candidate.generate(prompts, g.new_tokens, suppress_eos=g.suppress_eos, batch_size=g.batch_size, progress=advance)
-    gen_seconds = time.perf_counter() - t0
+    gen_seconds = time.perf_counter() - t_gen
     info: dict[str, Any] = {"prompts_file": g.prompts, "prompts": len(prompts), "rendering": rendering, "new_tokens": g.new_tokens,
                             "suppress_eos": g.suppress_eos, "window": g.window, "edge": g.edge, "piece": g.piece,
                             "reference_generation": ref.describe(), "candidate_generation_seconds": round(gen_seconds, 2)}
@@ -290,6 +291,11 @@ def _sized(metric: str, limit: Sized, z: dict[str, Any]) -> Threshold:
         rate = z["ref_loop_rate"] if metric == "loops_excess" else z["ref_eos_rate"]
         args, ref, hib = (math.sqrt(max(rate * (1 - rate), 0.0)), n_pr), 0.0, False
     sigma, n = args
+    if n < 2 and metric in ("loops_excess", "premature_eos_excess"):
+        # one prompt gives no rate to size against: the count falls back to the strict limit
+        # (no more than the reference), which is what sizing gives when the reference never does it
+        return Threshold("longgen", metric, "max", 0.0, f"{_WHAT[metric]} (one prompt: cannot be sized, strict limit 0)",
+                         "sized", None, {"sigma": None, "n": n, "alpha": limit.alpha, "beta": limit.beta, "relative_to": 0.0})
     try:
         s = sized_threshold(ref, sigma, n, alpha=limit.alpha, beta=limit.beta, higher_is_better=hib)
     except ValueError as err:

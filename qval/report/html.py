@@ -197,6 +197,9 @@ LAYER_CHARTS = (
 )
 
 
+FLAGGED_SHOWN = 40
+
+
 def diagnostics_section(r: dict[str, Any]) -> str:
     d = r.get("diagnostics")
     if not d:
@@ -217,8 +220,10 @@ def diagnostics_section(r: dict[str, Any]) -> str:
     flagged = [x for x in rows if x.get("flags")]
     cols = ["quantizer", "format", "granularity", "sqnr_db", "scale_max", "clipped", "flushed", "range_use", "outlier_ratio", "pqs_spread"]
     if flagged:
-        out.append(f"<h3>Flagged quantizers ({len(flagged)})</h3>")
-        out.append(table(cols + ["flags"], ([_cell(x.get(c)) for c in cols] + [x["flags"]] for x in flagged), range(3, 10)))
+        shown = flagged[:FLAGGED_SHOWN]
+        more = f", the first {FLAGGED_SHOWN} shown; all in layers.csv" if len(flagged) > FLAGGED_SHOWN else ""
+        out.append(f"<h3>Flagged quantizers ({len(flagged)}{more})</h3>")
+        out.append(table(cols + ["flags"], ([_cell(x.get(c)) for c in cols] + [x["flags"]] for x in shown), range(3, 10)))
     else:
         out.append("<p>No quantizer breaks an outlier rule.</p>")
     out.append(f"<details><summary>All {len(rows)} quantizers</summary>"

@@ -138,14 +138,21 @@ def test_exclude_glob_through_modelopt_and_effective_bits():
 def test_rules_on_hand_made_rows():
     def row(**kw):
         r = {c: None for c in scales.COLUMNS}
-        r.update(kind="input", format="INT8", flags="")
+        r.update(kind="input", format="INT8", granularity="per-tensor", flushed=0.001, flags="")
         r.update(kw)
         return r
 
     rows = [row(quantizer="a", sqnr_db=40.0), row(quantizer="b", sqnr_db=41.0), row(quantizer="c", sqnr_db=29.0),
             row(quantizer="d", sqnr_db=40.0, clipped=0.002, outlier_ratio=25.0),
-            row(quantizer="e", format="FP8 E4M3", sqnr_db=30.0, outlier_ratio=25.0, flushed=0.06, pqs_spread=150.0)]
+            row(quantizer="d2", sqnr_db=40.0, outlier_ratio=25.0, granularity="per-channel axis 0"),
+            row(quantizer="e", format="FP8 E4M3", sqnr_db=30.0, outlier_ratio=25.0, flushed=0.06, pqs_spread=150.0),
+            row(quantizer="f", format="FP8 E4M3", sqnr_db=30.0, flushed=0.001),
+            row(quantizer="g", format="FP8 E4M3", sqnr_db=30.0, flushed=0.002),
+            # 4-bit weights: 20 % flushed is their normal; 45 % is not
+            row(quantizer="w1", kind="weight", format="INT4", flushed=0.20), row(quantizer="w2", kind="weight", format="INT4", flushed=0.22),
+            row(quantizer="w3", kind="weight", format="INT4", flushed=0.45, range_use=0.125)]
     flagged = {r["quantizer"]: set(r["flags"].split(";")) for r in scales.apply_rules(rows)}
-    # median of INT8 inputs is 40: c is 11 dB below; FP8 outlier limit is 100, not 20
-    assert flagged == {"c": {"low_sqnr"}, "d": {"clipping", "outlier"}, "e": {"flush", "smoothing_spread"}}
+    # median of INT8 inputs is 40 dB: c is 11 below; FP8's outlier limit is 100, not 20; d2's scale is per channel
+    assert flagged == {"c": {"low_sqnr"}, "d": {"clipping", "outlier"}, "e": {"flush", "smoothing_spread"},
+                       "w3": {"flush", "unused_range"}}
     assert [r["id"] for r in scales.rules_doc()] == [r.id for r in scales.RULES]

@@ -17,6 +17,8 @@ from qval.cli import app
 from ..conftest import ROOT, small_config, write_config
 
 runner = CliRunner()
+#: these tests are about gates 2 and 3; per-layer diagnostics have their own tests
+NO_DIAGNOSTICS = {"enabled": False, "sensitivity": "never"}
 
 
 def gate(tmp_path: Path, data: dict) -> tuple[int, dict, str]:
@@ -45,7 +47,7 @@ def exact_gates(tmp_path: Path, name: str) -> dict:
                     "max_ppl_ratio": 1.0, "max_bleu_drop": 0.0, "max_chrf_drop": {"sized": True}},
         "longgen": {"new_tokens": 96, "window": 32, "edge": 32, "max_prompts": 2, "batch_size": 2, "min_late_top1": 1.0,
                     "max_late_kld": 0.0, "max_late_drift": 0.0, "max_seq_rep4_excess": 0.0, "max_judge_nll_excess": 0.0},
-    })
+    }, diagnostics=NO_DIAGNOSTICS)
 
 
 def test_identity_passes_all_three_gates_exactly_and_reuses_the_reference(tmp_path, patch_reference):
@@ -111,7 +113,7 @@ def test_kv_cache_fault_is_caught_by_gate3(tmp_path, patch_reference, monkeypatc
     for name, builder in (("kv-fp8", None), ("kv-fp8-amax-div50", damage_kv(50.0))):
         if builder is not None:
             monkeypatch.setitem(ENGINES._items, "fakequant", builder)
-        data = small_config(name, fmt="fp8", kv="fp8", gates={"longgen": longgen})
+        data = small_config(name, fmt="fp8", kv="fp8", gates={"longgen": longgen}, diagnostics=NO_DIAGNOSTICS)
         data["gates"]["agreement"]["tokens"] = 2048
         code, report, out = gate(tmp_path, data)
         assert code in (0, 1), out
@@ -180,7 +182,7 @@ def test_full_2048_token_path_on_the_real_model(tmp_path, patch_reference):
     data = small_config("identity-2048", fmt="none", gates={
         "agreement": {"enabled": False},
         "longgen": {"max_prompts": 1, "batch_size": 1, "max_late_drift": 0.0, "min_late_top1": 1.0},
-    })
+    }, diagnostics=NO_DIAGNOSTICS)
     code, report, out = gate(tmp_path, data)
     assert code == 0, out
     lg = report["gates"]["longgen"]

@@ -150,6 +150,9 @@ def test_sized_thresholds_worked_numbers() -> None:
     # a single prompt cannot be sized: the check fails and says why
     bad = _sized("seq_rep4_excess", s, {**z, "prompts": 1})
     assert math.isnan(bad.limit) and "cannot be sized" in bad.description
+    # ... except a count, which falls back to the strict limit: no more loops than the reference
+    one = _sized("loops_excess", s, {**z, "prompts": 1})
+    assert one.limit == 0.0 and "strict limit 0" in one.description
 
 
 def test_config_rules() -> None:

