@@ -35,6 +35,8 @@ app = typer.Typer(
 ConfigOpt = typer.Option(..., "--config", "-c", help="gate config YAML (see checks/)")
 OutOpt = typer.Option(None, "--out", "-o", help="folder for run folders (default: the config's report.dir)")
 QuietOpt = typer.Option(False, "--quiet", "-q", help="no progress output")
+FailFastOpt = typer.Option(False, "--fail-fast", help="stop running gates once one rejects the candidate; the later gates "
+                                                        "are reported as skipped and their checks fail (same REJECT, less time)")
 
 
 def _err(msg: str) -> None:
@@ -50,6 +52,11 @@ def quiet_libraries() -> None:
 
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
     os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+    os.environ.setdefault("TQDM_DISABLE", "1")  # transformers' GGUF loader draws its own tqdm bar
+    import torch
+
+    if not torch.cuda.is_available():  # DeepSpeed (pulled in by some installs) warns about this on import
+        os.environ.setdefault("DS_ACCELERATOR", "cpu")
     warnings.filterwarnings("ignore", module=r"(transformers|modelopt|torch|accelerate)")
     for name in ("transformers", "modelopt", "accelerate", "DeepSpeed", "torch.distributed"):
         logging.getLogger(name).setLevel(logging.ERROR)
@@ -134,7 +141,8 @@ def gate(config: Path = ConfigOpt, out: Optional[str] = OutOpt, quiet: bool = Qu
          max_excluded: Optional[int] = typer.Option(None, "--max-excluded",
                                                     help="fallback budget: parts (decoder layers or projection types) "
                                                          "kept in high precision"),
-         max_bits: Optional[float] = typer.Option(None, "--max-bits", help="fallback budget: effective weight bits per parameter")) -> int:
+         max_bits: Optional[float] = typer.Option(None, "--max-bits", help="fallback budget: effective weight bits per parameter"),
+         fail_fast: bool = FailFastOpt) -> int:
     """Calibrate, build and gate one candidate; write report.json/.md/.html and layers.csv; exit 0/1/2.
     With --fallback auto, exit 0 means a passing configuration was found (written as fallback.yaml)."""
     cfg = _load(config)
@@ -144,11 +152,11 @@ def gate(config: Path = ConfigOpt, out: Optional[str] = OutOpt, quiet: bool = Qu
     if _fallback_mode(cfg, fallback) == "auto":
         from .diagnostics.fallback import search
 
-        outcome = search(cfg, Progress(not quiet), out, _budget(cfg, max_excluded, max_bits))
+        outcome = search(cfg, Progress(not quiet), out, _budget(cfg, max_excluded, max_bits), fail_fast=fail_fast)
         print_fallback(outcome)
         return outcome.exit_code
 
-    runs = [run_gate(c, Progress(not quiet), out, alpha) for c, alpha in expand_alphas(cfg)]
+    runs = [run_gate(c, Progress(not quiet), out, alpha, fail_fast=fail_fast) for c, alpha in expand_alphas(cfg)]
     for r in runs:
         print_summary(r)
     if len(runs) > 1:
@@ -253,14 +261,15 @@ def build(config: Path = ConfigOpt, out: Optional[str] = OutOpt, quiet: bool = Q
 def sweep(configs: list[Path] = typer.Argument(..., help="gate configs (e.g. checks/*.yaml)"), out: Optional[str] = OutOpt,
           quiet: bool = QuietOpt,
           context: int = typer.Option(4096, "--context", min=1, help="tokens per sequence for the KV-cache memory estimate"),
-          batch: int = typer.Option(1, "--batch", min=1, help="sequences for the KV-cache memory estimate")) -> int:
+          batch: int = typer.Option(1, "--batch", min=1, help="sequences for the KV-cache memory estimate"),
+          fail_fast: bool = FailFastOpt) -> int:
     """Gate many candidates against one reference (loaded once; its generations computed once) and
     write sweep.md/sweep.json: a ranking and the smallest configuration that passes every gate.
     Exit 0 when some candidate passes, 1 when none does."""
     from .progress import Progress
     from .sweep import render, run_sweep
 
-    result = run_sweep(list(configs), Progress(not quiet), out, context, batch)
+    result = run_sweep(list(configs), Progress(not quiet), out, context, batch, fail_fast=fail_fast)
     print("\n" + render(result))
     print(f"written: {result.folder / 'sweep.md'}")
     return result.exit_code

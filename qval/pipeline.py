@@ -162,11 +162,20 @@ def build(s: Session, calib: Stage | None) -> Any:
     return s._candidate
 
 
-def run_gates(s: Session, calib: Stage | None) -> dict[str, GateResult]:
+def run_gates(s: Session, calib: Stage | None, fail_fast: bool = False) -> dict[str, GateResult]:
+    """Every enabled gate in order. With `fail_fast`, once a gate fails its own checks the later
+    gates are not run: they are recorded as "skipped" and their checks fail, so the verdict is the
+    same REJECT, reached without the cost of the rest (a sweep's 4-bit candidates on a small model)."""
     results: dict[str, GateResult] = {}
     shared = s.run.path.parent / ".reference"  # next to the run folders (--out or report.dir), shared by every candidate
+    rejected_by: str | None = None
     for spec in GATES.ordered():
         if not spec.enabled(s.config):
+            continue
+        if rejected_by is not None:
+            results[spec.name] = GateResult(spec.name, "skipped", error=f"not run (--fail-fast): gate {rejected_by} already "
+                                                                        "rejected the candidate")
+            s.progress.log(f"gate {spec.name}: skipped, gate {rejected_by} already rejected the candidate (--fail-fast)")
             continue
         stage = s.run.stage(f"gate_{spec.name}", {
             "gate": spec.inputs(s.config), "model": s.reference_identity(), "candidate": candidate_identity(s, calib),
@@ -176,6 +185,8 @@ def run_gates(s: Session, calib: Stage | None) -> dict[str, GateResult]:
             results[spec.name] = GateResult.from_dict(read_json(stage.path / "result.json"))
             s.run.record(stage, cached=True)
             s.progress.log(f"gate {spec.name}: done earlier with the same inputs, reused")
+            if fail_fast and not decide({spec.name: results[spec.name]}, spec.thresholds(s.config, results[spec.name])).approved:
+                rejected_by = spec.name
             continue
         candidate = build(s, calib)
         started = stage.begin()
@@ -188,6 +199,8 @@ def run_gates(s: Session, calib: Stage | None) -> dict[str, GateResult]:
         stage.finish(started, {"status": result.status})
         s.run.record(stage, cached=False)
         results[spec.name] = result
+        if fail_fast and not decide({spec.name: result}, spec.thresholds(s.config, result)).approved:
+            rejected_by = spec.name
     return results
 
 
@@ -200,10 +213,11 @@ def thresholds_for(cfg: GateConfig, results: dict[str, GateResult]) -> list[Any]
 
 
 def run_gate(cfg: GateConfig, progress: Progress = SILENT, out_dir: str | None = None, alpha: float | None = None,
-             sensitivity: str | None = None, reference: LoadedModel | None = None) -> RunResult:
+             sensitivity: str | None = None, reference: LoadedModel | None = None, fail_fast: bool = False) -> RunResult:
     """The whole gate for one candidate configuration; writes report.json/.md/.html and layers.csv.
     `sensitivity` (auto/always/never) overrides diagnostics.sensitivity (the fallback needs it);
-    `reference`: an already loaded reference (a sweep loads it once for every candidate)."""
+    `reference`: an already loaded reference (a sweep loads it once for every candidate);
+    `fail_fast`: stop running gates once one rejects (see run_gates)."""
     from .diagnostics.stage import run_diagnostics
     from .report import write_reports
 
@@ -211,7 +225,7 @@ def run_gate(cfg: GateConfig, progress: Progress = SILENT, out_dir: str | None =
     root = Path(out_dir or cfg.report.dir)
     s = Session(config=cfg, run=RunDir(root, cfg.name), progress=progress, _reference=reference)
     calib = calibrate(s, alpha)
-    results = run_gates(s, calib)
+    results = run_gates(s, calib, fail_fast)
     verdict = decide(results, thresholds_for(cfg, results))
     mode = sensitivity or cfg.diagnostics.sensitivity
     diagnostics = run_diagnostics(s, calib, mode == "always" or (mode == "auto" and not verdict.approved))

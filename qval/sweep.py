@@ -208,7 +208,7 @@ def expand(paths: list[Path]) -> list[tuple[GateConfig, float | None]]:
 
 
 def run_sweep(paths: list[Path], progress: "Progress", out_dir: str | None = None, context: int = 4096, batch: int = 1,
-              reference: "LoadedModel | None" = None) -> SweepResult:
+              reference: "LoadedModel | None" = None, fail_fast: bool = False) -> SweepResult:
     """Gate every candidate against one loaded reference; write sweep.json and sweep.md."""
     from .models import load_model
     from .pipeline import run_gate
@@ -224,7 +224,7 @@ def run_sweep(paths: list[Path], progress: "Progress", out_dir: str | None = Non
         entry = SweepEntry(cfg, alpha, footprint=footprint(cfg, reference.model, context, batch))
         t0 = time.perf_counter()
         try:
-            entry.run = run_gate(cfg, progress, str(folder), alpha, reference=reference)
+            entry.run = run_gate(cfg, progress, str(folder), alpha, reference=reference, fail_fast=fail_fast)
         except QvalError as err:  # this candidate cannot run here; the others still can
             entry.error = str(err)
         entry.seconds = time.perf_counter() - t0

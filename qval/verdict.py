@@ -32,7 +32,7 @@ class Threshold:
 @dataclass
 class GateResult:
     gate: str
-    status: Literal["ok", "error", "nonfinite"]
+    status: Literal["ok", "error", "nonfinite", "skipped"]  # skipped: --fail-fast, an earlier gate rejected
     measurements: dict[str, Estimate] = field(default_factory=dict)
     details: dict[str, Any] = field(default_factory=dict)
     error: str | None = None

@@ -26,6 +26,22 @@ def test_every_shipped_check_validates():
         assert code == 0, out
 
 
+def test_every_shipped_check_runs_all_three_gates_with_thresholds():
+    for path in sorted((ROOT / "checks").glob("*.yaml")):
+        g = load_config(path).gates
+        assert g.agreement.enabled and g.quality.enabled and g.longgen.enabled, path
+        assert g.longgen.new_tokens == 2048, path  # the shipped default, not a shortened run
+
+
+def test_readme_config_example_is_a_valid_config():
+    import yaml
+
+    text = (ROOT / "README.md").read_text(encoding="utf-8")
+    example = text.split("```yaml\n", 1)[1].split("```", 1)[0]
+    cfg = parse_config(yaml.safe_load(example), str(ROOT / "checks" / "readme-example.yaml"))
+    assert cfg.gates.quality.enabled and cfg.gates.longgen.enabled
+
+
 def test_unknown_key_names_file_key_and_allowed(tmp_path):
     data = small_config("typo")
     data["quant"]["kv_cahce"] = "fp8"

@@ -82,12 +82,15 @@ def candidates(sensitivity: dict[str, Any]) -> list[dict[str, Any]]:
     return sorted([e for e in [*sensitivity.get("layers", []), *sensitivity.get("parts", [])] if _useful(e)], key=ranking_key)
 
 
-def search(cfg: GateConfig, progress: Progress = SILENT, out_dir: str | None = None, budget: Budget | None = None) -> FallbackOutcome:
-    """Run the gate with fallback; the outcome names the passing config or explains the failure."""
+def search(cfg: GateConfig, progress: Progress = SILENT, out_dir: str | None = None, budget: Budget | None = None,
+           fail_fast: bool = False) -> FallbackOutcome:
+    """Run the gate with fallback; the outcome names the passing config or explains the failure.
+    `fail_fast`: a run stops at the first gate that rejects (a failing step costs less; a passing
+    step still runs every gate)."""
     budget = budget or Budget(cfg.fallback.max_excluded, cfg.fallback.max_effective_bits)
     candidates = expand_alphas(cfg)
     sweep = len(candidates) > 1
-    runs = [(c, a, run_gate(c, progress, out_dir, a, sensitivity="never" if sweep else "always")) for c, a in candidates]
+    runs = [(c, a, run_gate(c, progress, out_dir, a, sensitivity="never" if sweep else "always", fail_fast=fail_fast)) for c, a in candidates]
     alphas = [{"alpha": a, "name": c.name, "approved": r.verdict.approved, "failed_checks": len(r.verdict.failures),
                "mean_kld": _score(r)[1]} for c, a, r in runs]
     passing = [(c, a, r) for c, a, r in runs if r.verdict.approved]
@@ -98,12 +101,12 @@ def search(cfg: GateConfig, progress: Progress = SILENT, out_dir: str | None = N
         return _finish(FallbackOutcome(True, r, r, why, alphas=alphas), budget, cfg_written=c if sweep else None)
     start_cfg, alpha, start = min(runs, key=lambda t: _score(t[2]))
     if sweep:  # only the chosen alpha pays for a ranking; its other stages are cached
-        start = run_gate(start_cfg, progress, out_dir, alpha, sensitivity="always")
-    return _part_search(start_cfg, alpha, start, progress, out_dir, budget, alphas)
+        start = run_gate(start_cfg, progress, out_dir, alpha, sensitivity="always", fail_fast=fail_fast)
+    return _part_search(start_cfg, alpha, start, progress, out_dir, budget, alphas, fail_fast)
 
 
 def _part_search(cfg: GateConfig, alpha: float | None, start: RunResult, progress: Progress, out_dir: str | None,
-                  budget: Budget, alphas: list[dict[str, Any]]) -> FallbackOutcome:
+                  budget: Budget, alphas: list[dict[str, Any]], fail_fast: bool = False) -> FallbackOutcome:
     diag = start.report.get("diagnostics") or {}
     ranking = diag.get("sensitivity")
     outcome = FallbackOutcome(False, start, start, "", alphas=alphas)
@@ -141,7 +144,7 @@ def _part_search(cfg: GateConfig, alpha: float | None, start: RunResult, progres
             "quant": cfg.quant.model_copy(update={"exclude": [*cfg.quant.exclude, *(e["exclude"] for e in excluded)]}),
         })
         progress.log(f"fallback step {k}: keeping {entry['name']} in high precision (ΔKLD {entry['delta_kld']['value']:.4g})")
-        last = run_gate(step_cfg, progress, out_dir, alpha, sensitivity="never")
+        last = run_gate(step_cfg, progress, out_dir, alpha, sensitivity="never", fail_fast=fail_fast)
         outcome.steps.append({
             "step": k, "name": step_cfg.name, "run_dir": str(last.run_dir), "added": entry["name"],
             "delta_kld": entry["delta_kld"], "exclude": step_cfg.quant.exclude,

@@ -4,6 +4,8 @@ The candidate is a copy of the reference with the calibrated quantizers restored
 then folded (quantized once, in place, and their quantizers switched off): the logits are
 bit-identical to quantizing them on every forward, and decoding is ~30 % faster on CPU.
 Activations and the KV cache are still quantized on every forward, as the deployment would.
+On CPU, FP8 linears then run a lean forward with ModelOpt's own arithmetic (`leanfp8.py`), checked
+bit-identical when the engine is built.
 """
 
 from __future__ import annotations
@@ -35,5 +37,15 @@ def build_fakequant(ctx: BuildContext) -> FakeQuantEngine:
 
         with contextlib.redirect_stdout(io.StringIO()):
             mtq.fold_weight(model)
+        if ctx.reference.device.startswith("cpu"):
+            import torch
+
+            from . import leanfp8
+
+            model.eval()
+            vocab = int(model.get_input_embeddings().weight.shape[0])
+            probe = torch.randint(0, vocab, (2, 48), generator=torch.Generator().manual_seed(0))
+            count, why = leanfp8.install(model, probe)
+            notes += leanfp8.describe(count) + ([why] if why else [])
     model.eval()
     return FakeQuantEngine(model, ctx.reference.tokenizer, notes=notes)

@@ -16,7 +16,7 @@ def fmt(x: Any, digits: int = 4) -> str:
         return str(x)
     if x != 0 and (abs(x) < 1e-3 or abs(x) >= 1e5):
         return f"{x:.{digits - 1}e}"
-    return f"{x:.{digits}g}" if abs(x) >= 1 else f"{x:.{digits}f}".rstrip("0").rstrip(".") or "0"
+    return f"{x:.{digits}g}"  # significant digits: a standard error of 0.0025 is "0.0025", not "0"
 
 
 def interval(c: dict[str, Any]) -> str:

@@ -192,3 +192,25 @@ def test_full_2048_token_path_on_the_real_model(tmp_path, patch_reference):
     assert d["per_prompt"][0]["ref_tokens"] == 2048 and d["per_prompt"][0]["cand_tokens"] == 2048
     assert d["late_positions"] == 512 and m["late_drift"]["value"] == 0.0 and m["late_top1"]["value"] == 1.0
     assert all(w["ref_seq_rep4"] is not None and w["ref_nll"] is not None for w in d["windows"])
+
+
+def test_fail_fast_skips_the_later_gates_and_still_rejects(tmp_path, patch_reference):
+    """`--fail-fast`: gate 1 rejects (an FP8 candidate cannot reach top-1 1.0), so gates 2 and 3
+    are not run: they appear as skipped, their checks fail, and no stage folder is made for them."""
+    data = small_config("ff", fmt="fp8", gates={
+        "agreement": {"dataset": str(ROOT / "calib_data/heldout_eval.jsonl"), "tokens": 1024, "ctx": 512, "min_top1": 1.0},
+        "quality": {"bleu_dataset": small_bleu_set(tmp_path, 1), "bleu_max_new_tokens": 8, "max_ppl_ratio": 2.0},
+        "longgen": {"new_tokens": 64, "window": 32, "edge": 32, "max_prompts": 1, "max_late_drift": 1.0},
+    }, diagnostics=NO_DIAGNOSTICS)
+    data["calibration"].update(samples=2, seq_len=64, batch_size=2)
+    path = write_config(tmp_path, data, "ff.yaml")
+    result = runner.invoke(app, ["gate", "--config", str(path), "--out", str(tmp_path / "reports"), "-q", "--fail-fast"])
+    assert result.exit_code == 1, result.output
+    report = json.loads((tmp_path / "reports" / "ff" / "report.json").read_text())
+    assert report["gates"]["agreement"]["status"] == "ok"
+    for name in ("quality", "longgen"):
+        assert report["gates"][name]["status"] == "skipped" and "--fail-fast" in report["gates"][name]["error"]
+        assert not (tmp_path / "reports" / "ff" / f"gate_{name}").exists()
+    failed = {c["gate"] for c in report["verdict"]["checks"] if c["outcome"] == "fail"}
+    assert failed == {"agreement", "quality", "longgen"}
+    assert "skipped" in (tmp_path / "reports" / "ff" / "report.md").read_text()

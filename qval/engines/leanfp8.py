@@ -1,0 +1,92 @@
+"""A lean forward for FP8 fake-quant linears on CPU: ModelOpt's arithmetic without its overhead.
+
+After `mtq.fold_weight` a FP8 linear's weights are already quantized and its weight quantizer is
+off; what remains per call is the static per-tensor FP8 input quantizer. ModelOpt runs it through
+`TensorQuantizer.forward` → `ScaledE4M3Function` → `tensorrt::quantize_op` → `fp8_eager`: about a
+dozen small tensor ops and a Python dispatch chain around a handful of arithmetic ones. Measured on
+this repo's CPU machine (SmolLM2-135M, batch 8 decode step, 1,024 tokens of context): 122 ms per
+step for the fake-quant candidate against 87 ms for the reference, ~130 µs per linear of overhead.
+
+`install(model)` gives each eligible linear a forward that does exactly `fp8_eager`'s arithmetic
+with the scale and its inverse computed once from the calibrated amax (the same float32 ops:
+448 / amax, 1 / scale), then `F.linear` with the folded weight. It then checks itself: one batch
+through the model before and after must give bit-identical logits, or every linear is put back and
+the engine notes why. Only CPU tensors take the lean path (on a GPU ModelOpt may use its CUDA
+kernel, and the decode step runs as a CUDA graph, where this overhead does not exist).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+FP8_MAX = 448.0
+
+
+def _eligible(m: torch.nn.Module) -> bool:
+    iq, wq, oq = (getattr(m, n, None) for n in ("input_quantizer", "weight_quantizer", "output_quantizer"))
+    if not isinstance(m, torch.nn.Linear) or iq is None or wq is None or oq is None:
+        return False
+    if wq.is_enabled or oq.is_enabled or not iq.is_enabled:  # folded weights, activations quantized
+        return False
+    amax = getattr(iq, "_amax", None)
+    return (
+        iq._num_bits == (4, 3) and iq.fake_quant and iq._if_quant and not iq._if_calib
+        and iq.block_sizes is None and iq.pre_quant_scale is None and not iq.rotate_is_enabled
+        and getattr(iq, "backend", None) is None and iq.bias_calibrator is None
+        and not getattr(iq, "_use_constant_amax", False) and not getattr(iq, "_dynamic", False)
+        and amax is not None and amax.numel() == 1 and float(amax) > 1.0 / (1 << 24)
+    )
+
+
+def _lean(m: torch.nn.Module) -> Any:
+    """The lean forward of one linear, its tensors bound once (a quantized module's attribute
+    access goes through ModelOpt's dynamic-module machinery on every call)."""
+    original = m.forward
+    weight, bias = m.weight, m.bias
+    amax = m.input_quantizer._amax.to(torch.float32)
+    scale = FP8_MAX / amax  # the same float32 ops as fp8_eager, done once
+    scale_inv = 1 / scale
+
+    def forward(x: torch.Tensor) -> torch.Tensor:
+        if x.device.type != "cpu" or x.numel() == 0:
+            return original(x)
+        dtype = x.dtype
+        q = (x.to(torch.float32) * scale).clamp_(min=-FP8_MAX, max=FP8_MAX)
+        q = q.to(torch.float8_e4m3fn).to(torch.float32).mul_(scale_inv).to(dtype)
+        return F.linear(q, weight, bias)
+
+    forward.modelopt_forward = original  # type: ignore[attr-defined]
+    return forward
+
+
+def _restore(mods: list[torch.nn.Module]) -> None:
+    for m in mods:
+        m.forward = m.forward.modelopt_forward
+
+
+def install(model: torch.nn.Module, probe: torch.Tensor) -> tuple[int, str | None]:
+    """Lean forwards on the eligible linears; (how many, None) or (0, why not) after the self-check
+    on `probe` (token ids, shape [batch, tokens])."""
+    mods = [m for m in model.modules() if _eligible(m)]
+    if not mods:
+        return 0, None
+    with torch.no_grad():
+        before = model(input_ids=probe, use_cache=False).logits
+        for m in mods:
+            m.forward = _lean(m)
+        after = model(input_ids=probe, use_cache=False).logits
+    if not torch.equal(before, after):
+        _restore(mods)
+        diff = (before - after).abs().max().item()
+        return 0, f"lean FP8 forward not bit-identical to ModelOpt's (max |Δlogit| {diff:.3g}); ModelOpt's forward kept"
+    return len(mods), None
+
+
+def describe(count: int) -> list[str]:
+    return [f"{count} FP8 linears run a lean CPU forward: ModelOpt's fp8_eager arithmetic with the scale computed once "
+            "(bit-identical logits, checked when the engine is built)"] if count else []
+
+
