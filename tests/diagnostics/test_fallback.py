@@ -53,7 +53,7 @@ def scripted(monkeypatch, tmp_path):
     state = {"culprits": {"model.layers.2"}, "good_alphas": set(), "parts": {},
              "deltas": {"model.layers.2": 0.05, "model.layers.0": 0.01, "model.layers.3": 0.004, "model.layers.1": -0.001}}
 
-    def fake_run_gate(cfg, progress=None, out_dir=None, alpha=None, sensitivity=None):
+    def fake_run_gate(cfg, progress=None, out_dir=None, alpha=None, sensitivity=None, fail_fast=False):
         calls.append((cfg.name, list(cfg.quant.exclude), sensitivity))
         fixed = all(f"*{c}.*" in cfg.quant.exclude for c in state["culprits"]) or alpha in state["good_alphas"] \
             or any(f"*{p}.*" in cfg.quant.exclude for p in state.get("fixing_parts", ()))
