@@ -182,22 +182,20 @@ def run_gates(s: Session, calib: Stage | None, fail_fast: bool = False) -> dict[
             "versions": s.versions(), "seed": s.config.seed, "upstream": {n: s.run.log.get(f"gate_{n}", {}).get("key") for n in spec.needs},
         })
         if stage.is_done():
-            results[spec.name] = GateResult.from_dict(read_json(stage.path / "result.json"))
+            result = GateResult.from_dict(read_json(stage.path / "result.json"))
             s.run.record(stage, cached=True)
             s.progress.log(f"gate {spec.name}: done earlier with the same inputs, reused")
-            if fail_fast and not decide({spec.name: results[spec.name]}, spec.thresholds(s.config, results[spec.name])).approved:
-                rejected_by = spec.name
-            continue
-        candidate = build(s, calib)
-        started = stage.begin()
-        torch.manual_seed(s.config.seed)
-        ctx = GateContext(config=s.config, reference=s.ref_engine, candidate=candidate, tokenizer=s.reference.tokenizer,
-                          folder=stage.path, shared_cache=shared, reference_fingerprint=s.reference.fingerprint,
-                          progress=s.progress, upstream=results)
-        result = spec.run(ctx)
-        atomic_write_json(stage.path / "result.json", result.to_dict())
-        stage.finish(started, {"status": result.status})
-        s.run.record(stage, cached=False)
+        else:
+            candidate = build(s, calib)
+            started = stage.begin()
+            torch.manual_seed(s.config.seed)
+            ctx = GateContext(config=s.config, reference=s.ref_engine, candidate=candidate, tokenizer=s.reference.tokenizer,
+                              folder=stage.path, shared_cache=shared, reference_fingerprint=s.reference.fingerprint,
+                              progress=s.progress, upstream=results)
+            result = spec.run(ctx)
+            atomic_write_json(stage.path / "result.json", result.to_dict())
+            stage.finish(started, {"status": result.status})
+            s.run.record(stage, cached=False)
         results[spec.name] = result
         if fail_fast and not decide({spec.name: result}, spec.thresholds(s.config, result)).approved:
             rejected_by = spec.name
