@@ -258,12 +258,31 @@ def data_identities(cfg: GateConfig) -> dict[str, Any]:
     return out
 
 
+def reference_description(s: Session) -> dict[str, Any]:
+    """The reference as the report names it. A run whose every stage was reused never loads the
+    model; it then repeats the description saved by the run that did (same fingerprint), marked
+    "loaded": False, rather than print a report with the model's name and dtype unknown."""
+    path = s.run.path / "reference.json"
+    if s._reference is not None:
+        d = s._reference.describe()
+        atomic_write_json(path, d)
+        return d
+    fingerprint = s.reference_identity()["fingerprint"]
+    try:
+        saved = read_json(path) if path.is_file() else None
+    except (OSError, ValueError):
+        saved = None
+    if isinstance(saved, dict) and saved.get("fingerprint") == fingerprint:
+        return {**saved, "loaded": False}
+    return {"fingerprint": fingerprint, "loaded": False}
+
+
 def assemble_report(s: Session, calib: Stage | None, results: dict[str, GateResult], verdict: Verdict, seconds: float) -> dict[str, Any]:
     from .quantize.formats import FORMATS
 
     cfg = s.config
     fmt = FORMATS.get(cfg.quant.format.value)
-    model = s._reference.describe() if s._reference else {"fingerprint": s.reference_identity()["fingerprint"], "loaded": False}
+    model = reference_description(s)
     engine = s._candidate.describe() if s._candidate is not None else {"backend": cfg.engine.backend, "built": False}
     return {
         "schema": "qval.report",

@@ -24,9 +24,13 @@ class Threshold:
     limit: float
     description: str  # what the figure means, in words
     source: str = "absolute"  # "absolute" (from the config) or "sized" (from the data)
-    #: for sized thresholds: the smallest effect the gate can detect (α, β as configured)
+    #: for sized thresholds: the smallest effect the gate can detect (α, β as configured), in the
+    #: effect's own unit (a drop, an excess, a relative PPL increase)
     min_detectable_effect: float | None = None
     detail: dict[str, Any] = field(default_factory=dict)
+    #: the figure's value at that effect: a candidate at or beyond it is rejected with power 1 − β
+    #: ("max": values >= it, "min": values <= it)
+    detectable: float | None = None
 
 
 @dataclass
@@ -74,6 +78,7 @@ class Check:
     min_detectable_effect: float | None
     outcome: Literal["pass", "fail"]
     reason: str
+    detectable: float | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -104,7 +109,7 @@ def _fmt(x: float) -> str:
 def _check(t: Threshold, result: GateResult | None) -> Check:
     def make(value: float | None, lo: float | None, hi: float | None, outcome: str, reason: str) -> Check:
         return Check(t.gate, t.metric, t.description, value, lo, hi, t.op, t.limit, t.source,
-                     t.min_detectable_effect, outcome, reason)  # type: ignore[arg-type]
+                     t.min_detectable_effect, outcome, reason, t.detectable)  # type: ignore[arg-type]
 
     if result is None:
         return make(None, None, None, "fail", f"gate {t.gate} did not run, so {t.metric} was never measured")

@@ -112,6 +112,11 @@ def test_interrupted_run_resumes_without_recalibrating(tmp_path, patch_reference
     assert code in (0, 1), out
     assert all(s["cached"] for s in report2["stages"].values())
     assert report2["verdict"] == report["verdict"]
+    # ... and still names the reference (as the run that loaded it described it) and says where the time went
+    assert report2["model"]["name"] == report["model"]["name"] and report2["model"]["loaded"] is False
+    md = (tmp_path / "reports/resume/report.md").read_text()
+    assert "computed in ?" not in md and "not loaded in this one" in md
+    assert "every stage reused from an earlier run" in md
 
 
 def test_changed_calibration_recalibrates(tmp_path, patch_reference):

@@ -301,8 +301,10 @@ def _sized(metric: str, limit: Sized, z: dict[str, Any]) -> Threshold:
     except ValueError as err:
         return Threshold("longgen", metric, "min" if hib else "max", float("nan"), f"{_WHAT[metric]} (cannot be sized: {err})", "sized")
     scale = n if metric in ("loops_excess", "premature_eos_excess") else 1
+    effect = s.min_detectable_effect * scale
     return Threshold("longgen", metric, "min" if hib else "max", ref + (s.threshold - ref) * scale, _WHAT[metric], "sized",
-                     s.min_detectable_effect * scale, {"sigma": sigma, "n": n, "alpha": limit.alpha, "beta": limit.beta, "relative_to": ref})
+                     effect, {"sigma": sigma, "n": n, "alpha": limit.alpha, "beta": limit.beta, "relative_to": ref},
+                     detectable=ref - effect if hib else ref + effect)
 
 
 def thresholds(cfg: GateConfig, result: GateResult | None) -> list[Threshold]:

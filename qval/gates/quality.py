@@ -248,7 +248,8 @@ def _sized_ppl(limit: Sized, result: GateResult) -> Threshold:
     return Threshold("quality", "ppl_ratio", "max", math.exp(s.threshold), "PPL_cand / PPL_ref over the scored positions",
                      "sized", math.exp(s.min_detectable_effect) - 1.0,
                      {"sigma_nll_diff": sigma_d, "n": n, "alpha": limit.alpha, "beta": limit.beta,
-                      "effect_unit": "relative PPL increase (ratio − 1)", "test": "paired, one-sided, on log PPL"})
+                      "effect_unit": "relative PPL increase (ratio − 1)", "test": "paired, one-sided, on log PPL"},
+                     detectable=math.exp(s.min_detectable_effect))
 
 
 def _sized_drop(metric: str, lang_key: str, limit: Sized, result: GateResult, what: str) -> Threshold:
@@ -258,7 +259,8 @@ def _sized_drop(metric: str, lang_key: str, limit: Sized, result: GateResult, wh
     sigma, n = grp[f"{metric}_sentence_sigma"], grp["sentences"]
     s = sized_threshold(0.0, sigma, n, alpha=limit.alpha, beta=limit.beta, higher_is_better=False)
     return Threshold("quality", f"{metric}_drop_{lang_key}", "max", s.threshold, what, "sized", s.min_detectable_effect,
-                     {"sigma": sigma, "n": n, "alpha": limit.alpha, "beta": limit.beta, "effect_unit": f"{metric} points"})
+                     {"sigma": sigma, "n": n, "alpha": limit.alpha, "beta": limit.beta, "effect_unit": f"{metric} points"},
+                     detectable=s.min_detectable_effect)
 
 
 def thresholds(cfg: GateConfig, result: GateResult | None) -> list[Threshold]:

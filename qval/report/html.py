@@ -15,7 +15,7 @@ from html import escape
 from typing import Any, Iterable, Sequence
 
 from . import charts
-from .markdown import fmt
+from .markdown import fmt, reference_text, runtime_text, threshold_text
 
 CSS = """
 body{font-family:Helvetica,Arial,sans-serif;margin:24px auto;max-width:1100px;color:#222;line-height:1.4}
@@ -81,14 +81,13 @@ def header(r: dict[str, Any]) -> str:
         cls = "approve" if fb["approved"] else "reject"
         out.append(f'<div class="verdict {cls}" style="font-size:18px">fallback: {escape(fb["explanation"])}</div>')
     model, cand = r.get("model") or {}, r.get("candidate") or {}
-    items = [f"Reference: {model.get('name', '?')} (fingerprint {str(model.get('fingerprint'))[:12]}), computed in "
-             f"{model.get('compute_dtype', '?')} on {model.get('device', '?')}"]
+    items = [reference_text(model)] if model else []
     if cand:
         items.append(f"Candidate: {cand.get('format')} weights, KV cache {cand.get('kv_cache')}, excluded "
                      f"{', '.join(cand.get('exclude') or []) or 'nothing'}; engine {(cand.get('engine') or {}).get('backend')}")
     items += [f"Note: {n}" for n in model.get("notes", [])]
     if r.get("created"):
-        items.append(f"Created {r['created']}" + (f"; run took {r['seconds']} s" if r.get("seconds") is not None else ""))
+        items.append(f"Created {r['created']}" + (f"; {runtime_text(r)}" if r.get("seconds") is not None else ""))
     return "\n".join(out) + "<ul>" + "".join(f"<li>{escape(i)}</li>" for i in items) + "</ul>"
 
 
@@ -98,10 +97,7 @@ def checks_section(r: dict[str, Any]) -> str:
         return ""
     rows = []
     for c in v["checks"]:
-        sign = "≤" if c["op"] == "max" else "≥"
-        thr = f"{sign} {fmt(c['limit'])} ({c['source']})"
-        if c.get("min_detectable_effect") is not None:
-            thr += f", detects ≥ {fmt(c['min_detectable_effect'])}"
+        thr = threshold_text(c)
         iv = f"[{fmt(c['lo'])}, {fmt(c['hi'])}]" if c.get("lo") is not None else "–"
         rows.append([c["gate"], c["metric"], c["description"], c["value"], iv, thr, _outcome(c["outcome"] == "pass"), c["reason"]])
     return "<h2>Checks</h2>" + table(["gate", "metric", "what", "value", "95% interval", "threshold", "outcome", "reason"], rows, [3])
@@ -266,8 +262,10 @@ def fallback_section(r: dict[str, Any]) -> str:
     if not fb:
         return ""
     out = ["<h2>Fallback search</h2>", f"<p><b>{'APPROVE' if fb['approved'] else 'REJECT'}</b>: {escape(fb['explanation'])}</p>",
-           f"<p>Budget: at most {fb['budget']['max_excluded']} part(s); effective weight bits ≤ "
-           f"{fmt(fb['budget'].get('max_effective_bits'))}. Config written: <code>{escape(str(fb.get('config_file')))}</code></p>"]
+           f"<p>Budget: at most {fb['budget']['max_excluded']} part(s) kept in high precision; "
+           + (f"effective weight bits ≤ {fmt(fb['budget']['max_effective_bits'])}"
+              if fb["budget"].get("max_effective_bits") is not None else "no limit on effective weight bits")
+           + f". Config written: <code>{escape(str(fb.get('config_file')))}</code></p>"]
     if fb.get("alphas") and len(fb["alphas"]) > 1:
         out.append(table(["alpha", "candidate", "outcome", "failed checks", "mean KLD"],
                          ([a["alpha"], a["name"], _outcome(a["approved"]), a["failed_checks"], _num(a["mean_kld"])] for a in fb["alphas"]), [0, 3, 4]))

@@ -23,13 +23,22 @@ def interval(c: dict[str, Any]) -> str:
     return f"[{fmt(c['lo'])}, {fmt(c['hi'])}]" if c.get("lo") is not None else "–"
 
 
+def threshold_text(c: dict[str, Any]) -> str:
+    """'≤ 0.037 (sized), detects ≥ 0.049': the limit, and for a sized one the value of the figure
+    a candidate must reach to be rejected with the configured power (1 − β)."""
+    sign = "≤" if c["op"] == "max" else "≥"
+    thr = f"{sign} {fmt(c['limit'])} ({c['source']})"
+    if c.get("detectable") is not None:
+        thr += f", detects {'≥' if c['op'] == 'max' else '≤'} {fmt(c['detectable'])}"
+    elif c.get("min_detectable_effect") is not None:  # reports written before `detectable` existed
+        thr += f", detectable effect {fmt(c['min_detectable_effect'])}"
+    return thr
+
+
 def checks_table(checks: list[dict[str, Any]]) -> list[str]:
     lines = ["| gate | metric | value | 95% interval | threshold | outcome |", "|---|---|---|---|---|---|"]
     for c in checks:
-        sign = "≤" if c["op"] == "max" else "≥"
-        thr = f"{sign} {fmt(c['limit'])} ({c['source']})"
-        if c.get("min_detectable_effect") is not None:
-            thr += f", detects ≥ {fmt(c['min_detectable_effect'])}"
+        thr = threshold_text(c)
         mark = "PASS" if c["outcome"] == "pass" else "**FAIL**"
         lines.append(f"| {c['gate']} | {c['metric']} | {fmt(c['value'])} | {interval(c)} | {thr} | {mark} |")
     return lines
@@ -135,6 +144,27 @@ SECTIONS = {"agreement": ("Gate 1 — logits agreement", agreement_section),
             "longgen": ("Gate 3 — long-generation stability", longgen_section)}
 
 
+def reference_text(model: dict[str, Any]) -> str:
+    fp = str(model.get("fingerprint"))[:12]
+    if "name" not in model:
+        return f"Reference: fingerprint {fp}, not loaded in this run (every stage reused) and not described by an earlier one"
+    text = f"Reference: {model['name']} (fingerprint {fp}), computed in {model.get('compute_dtype', '?')} on {model.get('device', '?')}"
+    return text + (" (as described by the run that computed the stages; not loaded in this one)" if model.get("loaded") is False else "")
+
+
+def runtime_text(r: dict[str, Any]) -> str:
+    """'run took 0.04 s (every stage reused: computed earlier in 1107 s)': a fully cached run
+    must not read as if the gates took no time."""
+    text = f"run took {r['seconds']} s"
+    stages = r.get("stages") or {}
+    reused = [st for st in stages.values() if st.get("cached")]
+    if reused:
+        earlier = sum(float(st.get("seconds") or 0.0) for st in reused)
+        which = "every stage" if len(reused) == len(stages) else f"{len(reused)} of {len(stages)} stages"
+        text += f" ({which} reused from an earlier run, which computed {'them' if len(reused) > 1 else 'it'} in {fmt(earlier)} s)"
+    return text
+
+
 def render_markdown(r: dict[str, Any]) -> str:
     v = r["verdict"]
     cand = r["candidate"]
@@ -142,11 +172,10 @@ def render_markdown(r: dict[str, Any]) -> str:
     if r.get("description"):
         out += [r["description"], ""]
     model = r["model"]
-    out += [f"- Reference: {model.get('name', '?')} (fingerprint `{str(model.get('fingerprint'))[:12]}`), "
-            f"computed in {model.get('compute_dtype', '?')} on {model.get('device', '?')}",
+    out += [f"- {reference_text(model)}",
             f"- Candidate: {cand['format']} weights, KV cache {cand['kv_cache']}, excluded {', '.join(cand['exclude']) or 'nothing'}; "
             f"engine {cand['engine'].get('backend')}" + ("" if cand["engine"].get("executed", True) else " (NOT EXECUTED here)"),
-            f"- {v['failed_checks']} of {len(v['checks'])} checks failed; run took {r['seconds']} s; created {r['created']}"]
+            f"- {v['failed_checks']} of {len(v['checks'])} checks failed; {runtime_text(r)}; created {r['created']}"]
     for note in model.get("notes", []):
         out.append(f"- Note: {note}")
     for note in cand["engine"].get("notes", []):  # what the candidate's engine really ran (e.g. emulated GEMMs)

@@ -139,12 +139,16 @@ def test_sized_thresholds_worked_numbers() -> None:
     # late top-1: σ 0.04, sqrt(2·0.0016/8) = 0.02; 0.9 − 1.6448536·0.02 = 0.86710293
     t = _sized("late_top1", s, z)
     assert t.op == "min" and t.limit == pytest.approx(0.86710293, abs=1e-7)
+    # what it detects is a fall below the early top-1: 0.9 − 2.4864748·0.02 = 0.85027050
+    assert t.detectable == pytest.approx(0.85027050, abs=1e-7)
+    assert _sized("late_drift", s, z).detectable == pytest.approx(0.06216187, abs=1e-7)
     # seq-rep-4 excess: sqrt(2·0.04/8) = 0.1; threshold 0.16448536
     assert _sized("seq_rep4_excess", s, z).limit == pytest.approx(0.16448536, abs=1e-7)
     # loops: σ = sqrt(0.25·0.75) = 0.4330127; sqrt(2·0.1875/8) = 0.21650635 (a rate); × 8 prompts:
     # threshold 8·1.6448536·0.21650635 = 2.84897, θ = 8·2.4864748·0.21650635 = 4.30670
     t = _sized("loops_excess", s, z)
     assert t.limit == pytest.approx(2.84897, abs=1e-4) and t.min_detectable_effect == pytest.approx(4.30670, abs=1e-4)
+    assert t.detectable == pytest.approx(4.30670, abs=1e-4)
     # a reference that never stops early leaves no room: the premature-EOS limit is exactly 0
     assert _sized("premature_eos_excess", s, z).limit == 0.0
     # a single prompt cannot be sized: the check fails and says why

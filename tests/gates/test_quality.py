@@ -136,6 +136,7 @@ def test_sized_ppl_ratio_worked_numbers() -> None:
     t = _sized_ppl(Sized(), _result({"ppl": {"sigma_nll_diff": 0.2, "positions": 10000}}))
     assert t.limit == pytest.approx(1.0032951, abs=1e-6)
     assert t.min_detectable_effect == pytest.approx(0.0049853, abs=1e-6)
+    assert t.detectable == pytest.approx(1.0049853, abs=1e-6)  # the ratio it detects, not the increase
     assert t.source == "sized" and t.op == "max"
     # a bit-identical candidate has σ_d = 0: the limit is exactly 1 and ratio 1.0 passes it
     assert _sized_ppl(Sized(), _result({"ppl": {"sigma_nll_diff": 0.0, "positions": 50}})).limit == 1.0
@@ -148,6 +149,7 @@ def test_sized_bleu_drop_worked_numbers() -> None:
     t = _sized_drop("bleu", "en", Sized(), res, "drop")
     assert t.limit == pytest.approx(9.4966, abs=1e-4)
     assert t.min_detectable_effect == pytest.approx(14.3557, abs=1e-4)
+    assert t.detectable == pytest.approx(14.3557, abs=1e-4)
     looser = _sized_drop("bleu", "en", Sized(alpha=0.01), res, "drop")
     assert looser.limit > t.limit  # a smaller false-reject rate widens the threshold
 
