@@ -48,4 +48,7 @@ def build_fakequant(ctx: BuildContext) -> FakeQuantEngine:
             count, why = leanfp8.install(model, probe)
             notes += leanfp8.describe(count) + ([why] if why else [])
     model.eval()
-    return FakeQuantEngine(model, ctx.reference.tokenizer, notes=notes)
+    engine = FakeQuantEngine(model, ctx.reference.tokenizer, notes=notes)
+    if ctx.config.quant.format is not QuantFormat.none:
+        engine.prequantize_kv()
+    return engine

@@ -221,6 +221,26 @@ class HFEngine(Engine):
         self.notes = list(notes or [])
         self.decode = decode
         self._decoder: StaticDecoder | None = None
+        self.kv_quantizers: dict[int, tuple[Any, Any]] = {}  # set by prequantize_kv()
+
+    def prequantize_kv(self) -> None:
+        """Quantize the KV cache once per token, on entry, instead of ModelOpt's whole-cache pass
+        per step (kvcache.py); checked bit-identical here, else ModelOpt's path stays (noted).
+        CPU only: on the H200 it was not faster and changed greedy tokens (kvcache.py)."""
+        from .kvcache import install_prequantized_kv
+
+        if not self.device.startswith("cpu"):
+            return
+
+        vocab = int(self.model.get_input_embeddings().weight.shape[0])
+        probe = torch.randint(0, vocab, (2, 268), generator=torch.Generator().manual_seed(0)).to(self.device)
+        self.kv_quantizers, why = install_prequantized_kv(self.model, probe, self.device)
+        if self.kv_quantizers:
+            self.notes.append(f"KV cache of {len(self.kv_quantizers)} layers quantized once per token as it enters the cache "
+                              "(ModelOpt's plugin re-quantizes the whole cache every step); the same logits, checked bit for "
+                              "bit when the engine was built")
+        elif why:
+            self.notes.append(why)
 
     @property
     def device(self) -> str:
@@ -241,7 +261,7 @@ class HFEngine(Engine):
     def logits_pieces(self, input_ids: torch.Tensor, piece: int) -> Iterator[torch.Tensor]:
         from .kvcache import cpu_gqa_attention, growing_cache
 
-        cache = growing_cache()  # same logits as DynamicCache, without copying the cache per piece
+        cache = growing_cache(self.kv_quantizers)  # same logits as DynamicCache, without copying the cache per piece
         ids = input_ids.to(self.device)
         for start in range(0, ids.shape[1], piece):
             with cpu_gqa_attention(self.device):  # per call: the patch never outlives a paused generator
@@ -307,7 +327,7 @@ class HFEngine(Engine):
                     temperature=None,
                     top_p=None,
                     top_k=None,
-                    past_key_values=growing_cache(),
+                    past_key_values=growing_cache(self.kv_quantizers),
                 )
             rows, stops = split_rows(out[:, ids.shape[1] :].tolist(), eos, suppress_eos)
             tokens.extend(rows)

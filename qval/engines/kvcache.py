@@ -13,11 +13,30 @@ copying. Two fixes, each giving bit-identical logits (tests/gates/test_gates_e2e
 - `cpu_gqa_attention()`: while active, SDPA on CPU takes grouped-query K/V as they are
   (`enable_gqa=True`) instead of repeated copies. transformers only does this without a mask
   because on CUDA a mask sends GQA to the slow math kernel; the CPU kernel has no such limit.
+
+A third cost belongs to quantized KV caches: ModelOpt's HF attention plugin fake-quantizes K and V
+*after* the cache update (`_quantized_attention`), i.e. the whole cache again on every decoded
+token, O(context) per step (fp8_kvfp8 candidate, batch 8, 1,024 new tokens on 2 CPU cores: 270 s,
+against 102 s quantized on entry; benchmarks/kv_prequant_cpu.py).
+`install_prequantized_kv()` moves that quantization to the moment a token enters the cache, once:
+the cache stores q(K), q(V) and attention gets them marked as already quantized, so the quantizer
+passes them through. With a static, element-wise scale (ModelOpt's FP8 KV calibration) q of the
+whole cache is q of each token, so the values attention sees are the same; the engine checks that
+bit for bit on a probe when it is built and keeps ModelOpt's path if they differ.
+
+CPU only. On the H200 (benchmarks/kv_prequant_cpu.py --device cuda, plain decode, batch 8, 1,024
+tokens) the build-time probe matched bit for bit, but the greedy tokens of the left-padded batch
+differed from ModelOpt's path, and it was slower (187 s against 127 s: a small model's GPU decode
+is bound by kernel launches, not by the cache's size). Attention there gets a strided view of the
+cache instead of the quantizer's fresh contiguous tensor, which can select another CUDA attention
+kernel (the likely cause; not traced). On CPU the tokens are identical (tests/engines/test_kv_prequant.py,
+and 8 × 1,024 tokens in the benchmark).
 """
 
 from __future__ import annotations
 
 import contextlib
+import types
 from typing import Any, Iterator
 
 import torch
@@ -64,17 +83,119 @@ def _growing_layer_class() -> type:
 _LAYER: type | None = None
 
 
-def growing_cache() -> Any:
-    """A DynamicCache (what `generate` and a model's forward expect) built of growing layers."""
-    global _LAYER
+_PREQUANT_CACHE: type | None = None
+PREQUANTIZED = "_qval_kv_prequantized"  # marks K/V tensors a cache hands out already quantized
+
+
+def _prequantized_cache_class() -> type:
+    from transformers import DynamicCache
+
+    class PrequantizedKVCache(DynamicCache):
+        """Quantizes each token's K/V once, as it enters the cache; hands attention marked tensors."""
+
+        qval_quantizers: dict[int, tuple[Any, Any]] = {}
+
+        def update(self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int, *args: Any,
+                   **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor]:
+            kq, vq = self.qval_quantizers.get(layer_idx, (None, None))
+            if kq is not None:
+                key_states = kq(key_states)
+            if vq is not None:
+                value_states = vq(value_states)
+            keys, values = super().update(key_states, value_states, layer_idx, *args, **kwargs)
+            if kq is not None:
+                setattr(keys, PREQUANTIZED, True)
+            if vq is not None:
+                setattr(values, PREQUANTIZED, True)
+            return keys, values
+
+    return PrequantizedKVCache
+
+
+def growing_cache(kv_quantizers: dict[int, tuple[Any, Any]] | None = None) -> Any:
+    """A DynamicCache (what `generate` and a model's forward expect) built of growing layers;
+    with `kv_quantizers` (from `install_prequantized_kv`) it stores K/V quantized on entry."""
+    global _LAYER, _PREQUANT_CACHE
     from transformers import DynamicCache
 
     if _LAYER is None:
         _LAYER = _growing_layer_class()
-    cache = DynamicCache()
+    if kv_quantizers:
+        if _PREQUANT_CACHE is None:
+            _PREQUANT_CACHE = _prequantized_cache_class()
+        cache = _PREQUANT_CACHE()
+        cache.qval_quantizers = kv_quantizers
+    else:
+        cache = DynamicCache()
     # an empty DynamicCache adds one layer of this class per decoder layer on first use
     cache.layer_class_to_replicate = _LAYER
     return cache
+
+
+def _static_elementwise(q: Any) -> bool:
+    """A quantizer whose output for one token does not depend on the others: a calibrated
+    (static) amax, no dynamic or block scaling."""
+    return (getattr(q, "amax", None) is not None and not getattr(q, "_dynamic", False)
+            and not getattr(q, "block_sizes", None))
+
+
+def kv_entry_quantizers(model: torch.nn.Module) -> tuple[dict[int, tuple[Any, Any]], str | None]:
+    """layer index -> (K, V) quantizer (None where that side is not quantized) of every attention
+    module with an enabled KV quantizer; ({}, why) when any of them may not be moved to cache entry."""
+    out: dict[int, tuple[Any, Any]] = {}
+    for name, m in model.named_modules():
+        kq, vq = getattr(m, "k_bmm_quantizer", None), getattr(m, "v_bmm_quantizer", None)
+        on = [q if q is not None and getattr(q, "is_enabled", False) else None for q in (kq, vq)]
+        if on == [None, None]:
+            continue
+        idx = getattr(m, "layer_idx", None)
+        if not isinstance(idx, int) or idx in out:
+            return {}, f"{name}: no unique layer_idx, so its cache layer cannot be matched to its quantizers"
+        for q in on:
+            if q is not None and not _static_elementwise(q):
+                return {}, f"{name}: KV quantizer {q} is not static and element-wise"
+        out[idx] = (on[0], on[1])
+    return out, None
+
+
+def _pass_prequantized(self: Any, inputs: Any, *args: Any, **kwargs: Any) -> Any:
+    if getattr(inputs, PREQUANTIZED, False):
+        return inputs
+    return type(self).forward(self, inputs, *args, **kwargs)
+
+
+def install_prequantized_kv(model: torch.nn.Module, probe: torch.Tensor, device: str) -> tuple[dict[int, tuple[Any, Any]], str | None]:
+    """Quantize the KV cache on entry (see the module docstring). Returns the quantizers for
+    `growing_cache`, or ({}, why not) after the bit-for-bit check on `probe` (token ids [batch, n]):
+    a prefill of n − 12 tokens and 12 single-token steps, through the growing cache (crossing its
+    first reallocation when n > 256), against ModelOpt's own path."""
+    quantizers, why = kv_entry_quantizers(model)
+    if not quantizers:
+        return {}, why
+    split = probe.shape[1] - 12
+
+    def run(kv: dict[int, tuple[Any, Any]] | None) -> torch.Tensor:
+        cache, outs = growing_cache(kv), []
+        with torch.no_grad(), cpu_gqa_attention(device):
+            outs.append(model(input_ids=probe[:, :split], past_key_values=cache, use_cache=True).logits[:, -1:])
+            for t in range(split, probe.shape[1]):
+                outs.append(model(input_ids=probe[:, t : t + 1], past_key_values=cache, use_cache=True).logits)
+        return torch.cat(outs, 1)
+
+    before = run(None)
+    patched = {id(q): (q, q.__dict__.get("forward")) for pair in quantizers.values() for q in pair if q is not None}
+    for q, _ in patched.values():
+        q.forward = types.MethodType(_pass_prequantized, q)
+    after = run(quantizers)
+    if not torch.equal(before, after):
+        for q, old in patched.values():
+            if old is None:
+                del q.forward
+            else:
+                q.forward = old
+        diff = (before - after).abs().max().item()
+        return {}, f"KV quantized on cache entry is not bit-identical to ModelOpt's per-step path (max |Δlogit| {diff:.3g}); kept ModelOpt's"
+    return quantizers, None
 
 
 @contextlib.contextmanager

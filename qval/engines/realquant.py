@@ -184,7 +184,9 @@ def build_realquant(ctx: BuildContext) -> RealQuantEngine:
                          "(no FP8 hardware)")
         notes.append("CPU: no low-precision GEMM hardware; weights stay stored in low precision and are dequantized per "
                      "forward unless a GEMM is listed below")
-    return RealQuantEngine(model, ctx.reference.tokenizer, notes=notes)
+    engine = RealQuantEngine(model, ctx.reference.tokenizer, notes=notes)
+    engine.prequantize_kv()
+    return engine
 
 
 build_realquant.options_model = RealQuantOptions  # type: ignore[attr-defined]
