@@ -33,6 +33,25 @@ def estimate(x: np.ndarray) -> dict[str, float]:
             "p99": float(np.quantile(x, 0.99)), "max": float(x.max()), "n": int(x.size)}
 
 
+def build_pair(cfg_data: dict, work: str) -> tuple:
+    """One calibration of `cfg_data` (the calibrate stage, cached under `work`) and the two
+    candidates built from it: (session, reference, {"fakequant": engine, "realquant": engine})."""
+    from qval.config import parse_config
+    from qval.engines import ENGINES, BuildContext
+    from qval.pipeline import Session, calibrate
+    from qval.progress import Progress
+    from qval.stages import RunDir
+
+    s = Session(config=parse_config(cfg_data, "<benchmark>"), run=RunDir(Path(work), cfg_data["name"]), progress=Progress())
+    stage = calibrate(s)
+    ref = s.reference
+    built = {}
+    for backend in ("fakequant", "realquant"):
+        cfg = parse_config({**cfg_data, "engine": {"backend": backend}}, "<benchmark>")
+        built[backend] = ENGINES.get(backend)(BuildContext(cfg, ref, stage.path / "quant_state.pt", s.run.path))
+    return s, ref, built
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--format", default="fp8", choices=["fp8", "int8_sq", "int4_awq", "w4a8_awq", "nvfp4"])
@@ -44,25 +63,14 @@ def main() -> None:
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
 
-    from qval.config import parse_config
     from qval.data import chunk, load_dataset, token_stream
-    from qval.engines import ENGINES, BuildContext
-    from qval.pipeline import Session, calibrate
-    from qval.progress import Progress
-    from qval.stages import RunDir
 
     root = Path(__file__).resolve().parent.parent
     cfg_data = {"name": f"bench-{args.format}", "model": {"source": "default", "dtype": "float16"},
                 "quant": {"format": args.format, "kv_cache": "fp16"} | ({"awq_block_size": 64} if "awq" in args.format else {}),
                 "calibration": {"dataset": str(root / "calib_data/general_mix.jsonl"), "samples": args.samples, "seq_len": 512},
                 "gates": {"agreement": {"enabled": False}}, "diagnostics": {"enabled": False}}
-    s = Session(config=parse_config(cfg_data, "<benchmark>"), run=RunDir(Path(args.work), cfg_data["name"]), progress=Progress())
-    stage = calibrate(s)
-    ref = s.reference
-    built = {}
-    for backend in ("fakequant", "realquant"):
-        cfg = parse_config({**cfg_data, "engine": {"backend": backend}}, "<benchmark>")
-        built[backend] = ENGINES.get(backend)(BuildContext(cfg, ref, stage.path / "quant_state.pt", s.run.path))
+    _, ref, built = build_pair(cfg_data, args.work)
 
     ds = load_dataset(str(root / "calib_data/heldout_eval.jsonl"))
     ids = token_stream(ds.texts(), ref.tokenizer, ref.tokenizer.eos_token_id)
