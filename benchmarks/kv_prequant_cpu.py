@@ -48,11 +48,16 @@ def main() -> None:
     entry = ENGINES.get("fakequant")(BuildContext(cfg, ref, stage.path / "quant_state.pt", work))
     modelopt = FakeQuantEngine(entry.model, entry.tokenizer)  # no entry quantization: ModelOpt's path
     entry.decode = modelopt.decode = "plain"
+    if args.device == "cuda":
+        entry.prequantize_kv(on_gpu=True)  # qval does not on a GPU (this comparison is why)
     ds = load_dataset(str(root / "calib_data/longgen_prompts.jsonl"))
     prompts, _ = render_prompts(ref.tokenizer, [r["prompt"] for r in ds.records[: args.batch]])  # gate 3's prompts and rendering
     out = {"device": args.device, "notes": entry.describe()["notes"], "threads": torch.get_num_threads(), "batch": len(prompts), "new_tokens": args.new_tokens,
            "entry_layers": len(entry.kv_quantizers)}
-    for name, eng in (("entry", entry), ("modelopt", modelopt)):
+    runs = [("entry", entry), ("modelopt", modelopt)]
+    if args.device == "cuda":  # control: is ModelOpt's own path deterministic from run to run there?
+        runs.append(("modelopt_again", modelopt))
+    for name, eng in runs:
         if args.device == "cuda":
             torch.cuda.synchronize()
         t0 = time.perf_counter()
@@ -61,6 +66,11 @@ def main() -> None:
             torch.cuda.synchronize()
         out[f"{name}_seconds"] = round(time.perf_counter() - t0, 2)
         out[f"{name}_tokens"] = g.tokens
+    if args.device == "cuda":
+        again = out.pop("modelopt_again_tokens")
+        out["modelopt_rerun_identical_tokens"] = again == out["modelopt_tokens"]
+    first = [next((i for i, (a, b) in enumerate(zip(x, y)) if a != b), None) for x, y in zip(out["entry_tokens"], out["modelopt_tokens"])]
+    out["first_differing_token_per_prompt"] = first
     out["identical_tokens"] = out.pop("entry_tokens") == out.pop("modelopt_tokens")
     out["speedup"] = round(out["modelopt_seconds"] / out["entry_seconds"], 2)
     print(json.dumps(out, indent=2))

@@ -113,7 +113,7 @@ def main() -> None:
             differ = float((x_codes.view(torch.uint8) != x8.view(torch.uint8)).float().mean())
             w_codes = fp8gemm._to_fp8(fm.weight.float(), sb)
             w_differ = float((w_codes.view(torch.uint8) != w8.view(torch.uint8)).float().mean())
-            # the same weight quantized in float32 from the unquantized weight (how compress does it)
+            # the unquantized weight quantized in float32 with the GEMM's own scale, against the stored codes
             w32 = fp8gemm._to_fp8(ref_mods[n].weight.float(), sb)
             w32_differ = float((w32.view(torch.uint8) != w8.view(torch.uint8)).float().mean())
             y_ref = ref_mods[n](x)

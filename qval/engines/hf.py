@@ -223,13 +223,14 @@ class HFEngine(Engine):
         self._decoder: StaticDecoder | None = None
         self.kv_quantizers: dict[int, tuple[Any, Any]] = {}  # set by prequantize_kv()
 
-    def prequantize_kv(self) -> None:
+    def prequantize_kv(self, on_gpu: bool = False) -> None:
         """Quantize the KV cache once per token, on entry, instead of ModelOpt's whole-cache pass
         per step (kvcache.py); checked bit-identical here, else ModelOpt's path stays (noted).
-        CPU only: on the H200 it was not faster and changed greedy tokens (kvcache.py)."""
+        CPU only: on the H200 it was not faster and changed greedy tokens (kvcache.py);
+        `on_gpu` is for benchmarks/kv_prequant_cpu.py --device cuda, which measured that."""
         from .kvcache import install_prequantized_kv
 
-        if not self.device.startswith("cpu"):
+        if not self.device.startswith("cpu") and not on_gpu:
             return
 
         vocab = int(self.model.get_input_embeddings().weight.shape[0])
