@@ -16,7 +16,7 @@ import io
 
 from ..config import QuantFormat
 from . import ENGINES, BuildContext
-from .hf import HFEngine
+from .hf import HFEngine, probe_ids
 
 
 class FakeQuantEngine(HFEngine):
@@ -38,14 +38,10 @@ def build_fakequant(ctx: BuildContext) -> FakeQuantEngine:
         with contextlib.redirect_stdout(io.StringIO()):
             mtq.fold_weight(model)
         if ctx.reference.device.startswith("cpu"):
-            import torch
-
             from . import leanfp8
 
             model.eval()
-            vocab = int(model.get_input_embeddings().weight.shape[0])
-            probe = torch.randint(0, vocab, (2, 48), generator=torch.Generator().manual_seed(0))
-            count, why = leanfp8.install(model, probe)
+            count, why = leanfp8.install(model, probe_ids(model, 48))
             notes += leanfp8.describe(count) + ([why] if why else [])
     model.eval()
     engine = FakeQuantEngine(model, ctx.reference.tokenizer, notes=notes)

@@ -211,6 +211,14 @@ class StaticDecoder:
         return rows, first
 
 
+def probe_ids(model: torch.nn.Module, tokens: int, batch: int = 2) -> torch.Tensor:
+    """Fixed random token ids on the model's device, for the bit-identity self-checks that
+    guard qval's own forwards (leanfp8.install, kvcache.install_prequantized_kv)."""
+    vocab = int(model.get_input_embeddings().weight.shape[0])
+    ids = torch.randint(0, vocab, (batch, tokens), generator=torch.Generator().manual_seed(0))
+    return ids.to(next(model.parameters()).device)
+
+
 class HFEngine(Engine):
     backend = "hf"
 
@@ -228,14 +236,11 @@ class HFEngine(Engine):
         per step (kvcache.py); checked bit-identical here, else ModelOpt's path stays (noted).
         CPU only: on the H200 it was not faster and changed greedy tokens (kvcache.py);
         `on_gpu` is for benchmarks/kv_prequant_cpu.py --device cuda, which measured that."""
-        from .kvcache import install_prequantized_kv
-
         if not self.device.startswith("cpu") and not on_gpu:
             return
+        from .kvcache import install_prequantized_kv
 
-        vocab = int(self.model.get_input_embeddings().weight.shape[0])
-        probe = torch.randint(0, vocab, (2, 268), generator=torch.Generator().manual_seed(0)).to(self.device)
-        self.kv_quantizers, why = install_prequantized_kv(self.model, probe, self.device)
+        self.kv_quantizers, why = install_prequantized_kv(self.model, probe_ids(self.model, 268), self.device)
         if self.kv_quantizers:
             self.notes.append(f"KV cache of {len(self.kv_quantizers)} layers quantized once per token as it enters the cache "
                               "(ModelOpt's plugin re-quantizes the whole cache every step); the same logits, checked bit for "

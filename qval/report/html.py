@@ -15,7 +15,7 @@ from html import escape
 from typing import Any, Iterable, Sequence
 
 from . import charts
-from .markdown import fmt, reference_text, runtime_text, threshold_text
+from .markdown import fmt, interval, reference_text, runtime_text, threshold_text
 
 CSS = """
 body{font-family:Helvetica,Arial,sans-serif;margin:24px auto;max-width:1100px;color:#222;line-height:1.4}
@@ -97,9 +97,7 @@ def checks_section(r: dict[str, Any]) -> str:
         return ""
     rows = []
     for c in v["checks"]:
-        thr = threshold_text(c)
-        iv = f"[{fmt(c['lo'])}, {fmt(c['hi'])}]" if c.get("lo") is not None else "–"
-        rows.append([c["gate"], c["metric"], c["description"], c["value"], iv, thr, _outcome(c["outcome"] == "pass"), c["reason"]])
+        rows.append([c["gate"], c["metric"], c["description"], c["value"], interval(c), threshold_text(c), _outcome(c["outcome"] == "pass"), c["reason"]])
     return "<h2>Checks</h2>" + table(["gate", "metric", "what", "value", "95% interval", "threshold", "outcome", "reason"], rows, [3])
 
 

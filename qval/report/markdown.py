@@ -153,8 +153,8 @@ def reference_text(model: dict[str, Any]) -> str:
 
 
 def runtime_text(r: dict[str, Any]) -> str:
-    """'run took 0.04 s (every stage reused: computed earlier in 1107 s)': a fully cached run
-    must not read as if the gates took no time."""
+    """'run took 0.04 s (every stage reused from an earlier run, which computed them in 1107 s)':
+    a fully cached run must not read as if the gates took no time."""
     text = f"run took {r['seconds']} s"
     stages = r.get("stages") or {}
     reused = [st for st in stages.values() if st.get("cached")]
