@@ -7,6 +7,7 @@ names the file, the key and the keys that are allowed. `load_config` is the only
 from __future__ import annotations
 
 import difflib
+import math
 from enum import Enum
 from pathlib import Path
 from typing import Annotated, Any, Literal, Union
@@ -418,24 +419,86 @@ def format_errors(err: ValidationError, file: str) -> list[str]:
     return list(dict.fromkeys(lines))
 
 
+def non_finite(data: Any, where: str = "") -> list[str]:
+    """One line per NaN or ±inf anywhere in the config: no setting takes one, and a threshold
+    that is one cannot decide (NaN compares false with everything) or cannot fail (+inf on a
+    max_, −inf on a min_).
+
+    >>> non_finite({"gates": {"agreement": {"max_mean_kld": float("inf"), "min_top1": 0.9}}})
+    ['gates.agreement.max_mean_kld = inf: a limit that can never fail; give a finite number']
+    """
+    if isinstance(data, dict):
+        return [line for k, v in data.items() for line in non_finite(v, f"{where}.{k}" if where else str(k))]
+    if isinstance(data, list):
+        return [line for i, v in enumerate(data) for line in non_finite(v, f"{where}[{i}]")]
+    if not isinstance(data, float) or math.isfinite(data):
+        return []
+    leaf = where.rsplit(".", 1)[-1]
+    if math.isnan(data):
+        why = "NaN is not a limit: every comparison with it is false, so the check could never decide"
+    elif leaf.startswith(("max_", "min_")):
+        never_fails = (data > 0) == leaf.startswith("max_")
+        why = "a limit that can never fail" if never_fails else "a limit that no candidate can ever pass"
+    else:
+        why = "must be a finite number"
+    return [f"{where} = {data}: {why}; give a finite number"]
+
+
 def parse_config(data: Any, file: str = "<config>") -> GateConfig:
     if not isinstance(data, dict):
         raise ConfigError(f"{file}: the config must be a YAML mapping (key: value), not {type(data).__name__}.")
+    bad = non_finite(data)
+    if bad:
+        raise ConfigError("\n".join(f"{file}: {line}." for line in bad))
     try:
         return GateConfig.model_validate({**data, "source_file": file})
     except ValidationError as err:
         raise ConfigError("\n".join(format_errors(err, file))) from None
 
 
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """safe_load that remembers every key given twice in one mapping (plain YAML keeps the last)."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        seen: dict[Any, tuple[int, int]] = {}
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=True)
+            at = (key_node.start_mark.line + 1, key_node.start_mark.column + 1)
+            if isinstance(key, (str, int, float, bool)) and key in seen:
+                first = seen[key]
+                where = (f"line {first[0]} and line {at[0]}" if first[0] != at[0]
+                         else f"line {at[0]} (columns {first[1]} and {at[1]})")
+                self.duplicates.append(f"key {key!r} is given twice, on {where}; keep one")
+            seen.setdefault(key, at)
+        return super().construct_mapping(node, deep)
+
+
+def load_yaml(path: Path) -> Any:
+    """The YAML of a config: UTF-8, valid, and no key given twice in one mapping."""
+    from .io import read_text_utf8
+
+    text = read_text_utf8(path, ConfigError)
+    loader = _UniqueKeyLoader(text)
+    loader.duplicates = []  # type: ignore[attr-defined]
+    try:
+        data = loader.get_single_data()
+    except yaml.YAMLError as err:
+        raise ConfigError(f"{path}: not valid YAML: {err}") from None
+    finally:
+        loader.dispose()
+    if loader.duplicates:  # type: ignore[attr-defined]
+        raise ConfigError("\n".join(f"{path}: {d}." for d in loader.duplicates))  # type: ignore[attr-defined]
+    return data
+
+
 def load_config(path: str | Path) -> GateConfig:
     """Read and validate one YAML config; every problem in it is reported at once."""
     p = Path(path)
+    if p.is_dir():
+        raise ConfigError(f"{p} is a folder, not a config file; give a YAML file (e.g. checks/fp8_kvfp16.yaml).")
     if not p.is_file():
         raise ConfigError(f"{p}: no such config file. Shipped configs live in checks/ (e.g. checks/fp8_kvfp16.yaml).")
-    try:
-        data = yaml.safe_load(p.read_text(encoding="utf-8"))
-    except yaml.YAMLError as err:
-        raise ConfigError(f"{p}: not valid YAML: {err}") from None
+    data = load_yaml(p)
     if isinstance(data, dict) and "source_file" in data:
         raise ConfigError(f"{p}: 'source_file' is set by qval, not by the config; remove it.")
     return parse_config(data, str(p))

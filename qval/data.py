@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any, Iterable
 
 from .errors import DataError
-from .io import file_fingerprint, hash_json
+from .io import file_fingerprint, hash_json, read_text_utf8
 
 TEXT_FIELDS = ("text", "content", "document")
 
@@ -31,7 +31,8 @@ class Dataset:
 
 def missing_message(spec: str, looked_at: Path) -> str:
     where = "" if str(looked_at) == spec else f" (looked at {looked_at})"
-    return f"{spec}: no such file{where}. Give a JSONL, .txt or .parquet file, or hf:NAME[:CONFIG][@SPLIT]."
+    what = "is a folder, not a file" if Path(looked_at).is_dir() else "no such file"
+    return f"{spec}: {what}{where}. Give a JSONL, .txt or .parquet file, or hf:NAME[:CONFIG][@SPLIT]."
 
 
 def record_text(record: dict[str, Any], spec: str, index: int) -> str:
@@ -48,7 +49,7 @@ def record_text(record: dict[str, Any], spec: str, index: int) -> str:
 
 def _read_jsonl(path: Path) -> list[dict[str, Any]]:
     out = []
-    for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+    for n, line in enumerate(read_text_utf8(path, DataError).splitlines(), 1):
         if not line.strip():
             continue
         try:
@@ -66,7 +67,10 @@ def _read_parquet(path: Path) -> list[dict[str, Any]]:
         import pyarrow.parquet as pq
     except ImportError:  # pragma: no cover - pyarrow comes with datasets
         raise DataError(f"{path}: reading parquet needs pyarrow; `pip install pyarrow`.") from None
-    return pq.read_table(path).to_pylist()
+    try:
+        return pq.read_table(path).to_pylist()
+    except Exception as err:  # pyarrow raises its own ArrowInvalid / OSError types for a damaged file
+        raise DataError(f"{path}: not a readable parquet file ({type(err).__name__}: {err}); write it again or use JSONL.") from None
 
 
 def _read_hub(spec: str) -> list[dict[str, Any]]:
@@ -103,7 +107,7 @@ def load_dataset(spec: str, resolved: Path | None = None) -> Dataset:
             records = _read_parquet(path)
         elif suffix in (".txt", ".md", ".text"):
             # blank-line separated documents
-            chunks = [c.strip() for c in path.read_text(encoding="utf-8").split("\n\n")]
+            chunks = [c.strip() for c in read_text_utf8(path, DataError).split("\n\n")]
             records = [{"text": c} for c in chunks if c]
         else:
             raise DataError(f"{spec}: unknown file type {suffix!r}; use .jsonl, .txt or .parquet.")

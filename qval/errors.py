@@ -1,7 +1,8 @@
 """One error family for everything a user can get wrong.
 
 The CLI turns any `QvalError` into a one-paragraph message and exit code 2; anything
-else is a bug in qval and keeps its traceback.
+else is a bug in qval: exit code 2 too, "internal error, please report", and its traceback
+saved to a file (the run folder's `crash-*.txt`), never printed on the console.
 """
 
 from __future__ import annotations
@@ -31,3 +32,8 @@ class BackendUnavailable(QvalError):
 
 class StageError(QvalError):
     """A stage's stored output is unreadable or belongs to other inputs."""
+
+
+class StorageError(QvalError):
+    """The run folder cannot be written: a file where a folder should be, a read-only or full
+    disk, or another qval run holding the folder."""

@@ -1,18 +1,23 @@
-"""Atomic writes and fingerprints.
+"""Atomic writes, fingerprints and strict text reads.
 
 Every file qval writes goes through a temporary file in the same folder and an atomic
-rename, so an interrupted run never leaves a half-written file that looks complete.
+rename, so an interrupted run never leaves a half-written file that looks complete; a disk
+that fills up on the way is a `StorageError` saying what was being written and how much.
 """
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import math
 import os
+import shutil
 import tempfile
 from pathlib import Path
 from typing import Any, Callable
+
+from .errors import QvalError, StorageError
 
 _UMASK = os.umask(0)
 os.umask(_UMASK)
@@ -21,23 +26,74 @@ os.umask(_UMASK)
 _EDGE = 4 << 20
 
 
-def atomic_write(path: Path, writer: Callable[[Path], None]) -> None:
-    """Call `writer(tmp_path)` then rename tmp onto `path` (same folder, so the rename is atomic)."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    os.close(fd)
+#: below this much free space a failed write is taken for a full disk (torch.save reports one
+#: as a RuntimeError without an errno)
+_FULL = 1 << 20
+
+
+def _mib(n: int) -> str:
+    return f"{n / 2**20:.1f} MiB"
+
+
+def _disk_full(err: BaseException, folder: Path) -> bool:
+    if isinstance(err, OSError) and err.errno in (errno.ENOSPC, errno.EDQUOT):
+        return True
     try:
-        writer(Path(tmp))
+        return isinstance(err, RuntimeError) and shutil.disk_usage(folder).free < _FULL
+    except OSError:
+        return False
+
+
+def disk_full_message(path: Path, written: int, needed: int | None) -> str:
+    """What was being written, how much of it, how much room there is, and what to do."""
+    path = Path(path)
+    try:
+        free = shutil.disk_usage(path.parent).free
+    except OSError:
+        free = 0
+    size = f"{_mib(written)} written of about {_mib(needed)} needed" if needed else f"{_mib(written)} written before the disk filled"
+    return (f"{path}: no space left on the device while writing {path.name} (stage {path.parent.name}): {size}, "
+            f"{_mib(free)} free in {path.parent}. Free some space or point --out (or report.dir) at a disk with room; "
+            f"finished stages are kept and the next run resumes from them.")
+
+
+def atomic_write(path: Path, writer: Callable[[Path], None], needed: int | None = None) -> None:
+    """Call `writer(tmp_path)` then rename tmp onto `path` (same folder, so the rename is atomic).
+    `needed`: the bytes the file will take, when known, for the disk-full message."""
+    path = Path(path)
+    tmp: Path | None = None
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+        os.close(fd)
+        tmp = Path(name)
+        writer(tmp)
         os.chmod(tmp, 0o666 & ~_UMASK)  # mkstemp makes 0600; give the file the usual permissions
         os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
+    except BaseException as err:
+        full = not isinstance(err, QvalError) and _disk_full(err, path.parent if path.parent.is_dir() else Path("/"))
+        written = tmp.stat().st_size if full and tmp is not None and tmp.is_file() else 0
+        if tmp is not None:
+            tmp.unlink(missing_ok=True)
+        if full:
+            raise StorageError(disk_full_message(path, written, needed)) from None
         raise
 
 
 def atomic_write_text(path: Path, text: str) -> None:
-    atomic_write(path, lambda p: p.write_text(text, encoding="utf-8"))
+    blob = text.encode("utf-8")
+    atomic_write(path, lambda p: p.write_bytes(blob), needed=len(blob))
+
+
+def read_text_utf8(path: Path, error: type[QvalError] = QvalError) -> str:
+    """A text file that must be UTF-8; a byte that is not names the file, the offset and the line."""
+    data = Path(path).read_bytes()
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as err:
+        line = data.count(b"\n", 0, err.start) + 1
+        raise error(f"{path}: byte 0x{data[err.start]:02x} at offset {err.start} (line {line}) is not UTF-8 ({err.reason}); "
+                    f"save the file as UTF-8 (for example `iconv -f latin1 -t utf-8 {Path(path).name}`).") from None
 
 
 def _json_default(obj: Any) -> Any:
@@ -82,6 +138,15 @@ def hash_json(obj: Any) -> str:
     """A stable sha256 of a JSON-able object (sorted keys)."""
     blob = json.dumps(to_jsonable(obj), sort_keys=True, ensure_ascii=False).encode()
     return hashlib.sha256(blob).hexdigest()
+
+
+def sha256_file(path: Path) -> str:
+    """The sha256 of a file's whole content (a stage's outputs are verified with it on reuse)."""
+    h = hashlib.sha256()
+    with Path(path).open("rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
 
 
 def file_fingerprint(path: Path, *, full: bool = False) -> str:
