@@ -6,7 +6,9 @@ GPU-only format). A user's mistake is one clear message, never a traceback.
 
 from __future__ import annotations
 
+import errno
 import functools
+import os
 import sys
 from pathlib import Path
 from typing import Callable, Optional
@@ -63,15 +65,58 @@ def quiet_libraries() -> None:
     logging.getLogger().setLevel(logging.ERROR)
 
 
+#: OSErrors that are the machine's state, not a bug: a full, read-only or forbidden disk
+_STORAGE_ERRNOS = {errno.ENOSPC: "no space left on the device", errno.EDQUOT: "disk quota exceeded",
+                   errno.EROFS: "the file system is read-only", errno.EACCES: "permission denied"}
+
+
+def storage_message(err: OSError) -> str | None:
+    """A one-line message for an OSError a user fixes by freeing or choosing a disk, else None."""
+    why = _STORAGE_ERRNOS.get(err.errno or 0)
+    if why is None:
+        return None
+    where = err.filename or "a file"
+    return (f"{where}: {why}. Free some space or fix the permissions, or point --out (or report.dir) at another "
+            f"disk; finished stages are kept and the next run resumes from them.")
+
+
+def crash_report(err: BaseException) -> str:
+    """Save an unexpected exception's traceback in the run folder (a temp file when there is none);
+    the console gets one line and the file's name."""
+    import tempfile
+    import time
+    import traceback
+
+    from .stages import last_run_folder
+
+    text = f"qval {' '.join(sys.argv[1:])}\n\n" + "".join(traceback.format_exception(type(err), err, err.__traceback__))
+    name = f"crash-{time.strftime('%Y%m%d-%H%M%S')}.txt"
+    folder = last_run_folder()
+    try:
+        if folder is None:
+            raise OSError("no run folder")
+        path = folder / name
+        path.write_text(text, encoding="utf-8")
+    except OSError:
+        fd, tmp = tempfile.mkstemp(prefix="qval-crash-", suffix=".txt")
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+        path = Path(tmp)
+    return str(path)
+
+
 def user_errors(fn: Callable[..., int]) -> Callable[..., None]:
-    """Turn QvalError into a message and exit code 2; the command's own code otherwise."""
+    """Turn QvalError into a message and exit code 2; the command's own code otherwise. Anything
+    else is a bug in qval: exit 2 too, one line on the console and the traceback in a file."""
 
     @functools.wraps(fn)
     def wrapper(*args: object, **kwargs: object) -> None:
+        import click
+
         from .errors import QvalError
 
-        quiet_libraries()
         try:
+            quiet_libraries()
             code = fn(*args, **kwargs)
         except QvalError as e:
             _err(str(e))
@@ -79,6 +124,15 @@ def user_errors(fn: Callable[..., int]) -> Callable[..., None]:
         except KeyboardInterrupt:
             _err("interrupted; finished stages are kept and the next run resumes from them")
             raise typer.Exit(130) from None
+        except (click.exceptions.Exit, click.ClickException, click.exceptions.Abort):
+            raise
+        except Exception as e:  # noqa: BLE001 - the last line of defence: never a traceback on the console
+            msg = storage_message(e) if isinstance(e, OSError) else None
+            if msg is None:
+                msg = (f"internal error, please report it: {type(e).__name__}: {e}. "
+                       f"The traceback is saved in {crash_report(e)}; attach it to the report.")
+            _err(msg)
+            raise typer.Exit(2) from None
         raise typer.Exit(code)
 
     return wrapper
@@ -96,11 +150,13 @@ def validate(config: Path = ConfigOpt) -> int:
     """Check a config (keys, values, data files, model location) without loading a model."""
     cfg = _load(config)
     from .data import dataset_identity
+    from .engines import engine_identity
     from .errors import QvalError
     from .gates import GATES
     from .models import locate
 
     checks = [lambda: locate(cfg.model),  # the model can be found
+              lambda: engine_identity(cfg),  # a checkpoint candidate's folder and weight files
               lambda: dataset_identity(cfg.calibration.dataset, cfg.resolve(cfg.calibration.dataset))]
     checks += [functools.partial(spec.inputs, cfg) for spec in GATES.ordered() if spec.enabled(cfg)]  # gate data
     problems = []

@@ -8,6 +8,7 @@ tensors to float, so a GGUF reference is that dequantized checkpoint, not the or
 from __future__ import annotations
 
 import importlib.util
+import json
 import platform
 import time
 from dataclasses import dataclass, field
@@ -85,6 +86,47 @@ def compute_dtype_for(requested: str, device: str) -> tuple[torch.dtype, list[st
     return _DTYPES[requested], []
 
 
+#: weight files transformers would unpickle; qval refuses them (see check_weights)
+PICKLE_PATTERNS = ("pytorch_model*.bin", "*.pt", "*.pth", "*.ckpt")
+
+
+def check_safetensors(path: Path) -> None:
+    """A .safetensors file whose size is what its own header declares: a truncated copy (an
+    interrupted download or rsync) is a ModelError naming the file and the bytes missing."""
+    size = path.stat().st_size
+    with path.open("rb") as f:
+        head = f.read(8)
+        n = int.from_bytes(head, "little") if len(head) == 8 else -1
+        if n < 0 or 8 + n > size:
+            raise ModelError(f"{path}: truncated safetensors file ({size} bytes: its header is cut off); "
+                             f"copy or export it again.")
+        try:
+            header = json.loads(f.read(n))
+            end = max((int(t["data_offsets"][1]) for k, t in header.items() if k != "__metadata__"), default=0)
+        except (ValueError, KeyError, TypeError, IndexError):
+            raise ModelError(f"{path}: not a valid safetensors file (its header is not the safetensors JSON); "
+                             f"copy or export it again.") from None
+    if 8 + n + end > size:
+        raise ModelError(f"{path}: truncated safetensors file: its header declares {8 + n + end} bytes, the file holds "
+                         f"{size} ({8 + n + end - size} missing); copy or export it again.")
+
+
+def check_weights(folder: Path, key: str) -> None:
+    """A model folder's weights must be safetensors, and whole. Pickle weights
+    (`pytorch_model.bin`) are refused by design: unpickling a file runs whatever code it holds."""
+    shards = sorted(folder.glob("*.safetensors"))
+    pickles = sorted({p.name for pat in PICKLE_PATTERNS for p in folder.glob(pat)})
+    if not shards and pickles:
+        raise ModelError(
+            f"{key}: {folder} holds only pickle weights ({', '.join(pickles)}). qval does not load pickles, by design: "
+            f"unpickling a file runs any code it holds. Convert it once, where you trust its origin: "
+            f"python -c \"from transformers import AutoModelForCausalLM as M; "
+            f"M.from_pretrained('{folder}').save_pretrained('{folder}-safetensors')\" (save_pretrained writes "
+            f"safetensors), copy the tokenizer files beside it, and point {key} at {folder}-safetensors.")
+    for shard in shards:
+        check_safetensors(shard)
+
+
 def locate(cfg: ModelConfig) -> tuple[str, dict[str, Any], str, str]:
     """(from_pretrained target, extra kwargs, display name, fingerprint) for each source."""
     if cfg.source == "default":
@@ -92,13 +134,18 @@ def locate(cfg: ModelConfig) -> tuple[str, dict[str, Any], str, str]:
         return str(gguf.parent), {"gguf_file": gguf.name}, DEFAULT_MODEL_NAME, file_fingerprint(gguf)
     if cfg.source == "gguf":
         gguf = Path(cfg.gguf).expanduser()
+        if gguf.is_dir():
+            raise ModelError(f"model.gguf: {gguf} is a folder, not a file. Give the path of a .gguf file.")
         if not gguf.is_file():
             raise ModelError(f"model.gguf: {gguf} is not a file. Give the path of a .gguf file.")
         return str(gguf.parent), {"gguf_file": gguf.name}, gguf.name, file_fingerprint(gguf)
     if cfg.source == "path":
         folder = Path(cfg.path).expanduser()
+        if folder.is_file():
+            raise ModelError(f"model.path: {folder} is a file, not a folder; give a Hugging Face model folder.")
         if not (folder / "config.json").is_file():
             raise ModelError(f"model.path: {folder} has no config.json; give a Hugging Face model folder.")
+        check_weights(folder, "model.path")
         fp = tree_fingerprint(folder, ("*.json", "*.safetensors", "*.bin", "*.model", "*.txt"))
         return str(folder), {}, folder.name, fp
     # hub: the id and revision are the identity; the resolved files are fingerprinted after load

@@ -16,7 +16,8 @@ from typing import Any
 
 from ..config import GateConfig, KVCache, QuantFormat
 from ..errors import ConfigError, ModelError
-from ..io import tree_fingerprint
+from ..io import read_text_utf8, tree_fingerprint
+from ..models import check_weights
 from . import ENGINES, BuildContext
 from .hf import HFEngine
 
@@ -42,9 +43,13 @@ def folder_of(cfg: GateConfig) -> Path:
     folder = Path(cfg.engine.path or "")
     if not folder.is_absolute() and not folder.exists():
         folder = cfg.resolve(str(folder))
+    if folder.is_file():
+        raise ModelError(f"engine.path: {folder} is a file, not a folder; give a Hugging Face model folder "
+                         f"(for example <run>/export/ written by `qval build`).")
     if not (folder / "config.json").is_file():
         raise ModelError(f"engine.path: {folder} has no config.json; give a Hugging Face model folder "
                          f"(for example <run>/export/ written by `qval build`).")
+    check_weights(folder, "engine.path")
     return folder
 
 
@@ -101,7 +106,10 @@ def build_checkpoint(ctx: BuildContext) -> CheckpointEngine:
     from ..export.reader import HF_QUANT_CONFIG, load_unified, read_declaration
 
     folder = folder_of(ctx.config)
-    config = json.loads((folder / "config.json").read_text(encoding="utf-8"))
+    try:
+        config = json.loads(read_text_utf8(folder / "config.json", ModelError))
+    except ValueError as err:
+        raise ModelError(f"{folder / 'config.json'}: not valid JSON ({err}); fix or replace the checkpoint's config.json.") from None
     tokenizer, notes = check_vocabulary(folder, config, ctx.reference)
     dtype = next(ctx.reference.model.parameters()).dtype
     facts: dict[str, Any] = {"path": str(folder)}
