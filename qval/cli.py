@@ -114,7 +114,9 @@ def user_errors(fn: Callable[..., int]) -> Callable[..., None]:
         import click
 
         from .errors import QvalError
+        from .stages import forget_last_run_folder
 
+        forget_last_run_folder()
         try:
             quiet_libraries()
             code = fn(*args, **kwargs)
