@@ -31,8 +31,14 @@ _EDGE = 4 << 20
 _FULL = 1 << 20
 
 
-def _mib(n: int) -> str:
-    return f"{n / 2**20:.1f} MiB"
+def _size(n: int) -> str:
+    """
+    >>> _size(1000), _size(3 << 20), _size(5 << 30)
+    ('1000 bytes', '3.0 MiB', '5.0 GiB')
+    """
+    if n < 1 << 20:
+        return f"{n} bytes"
+    return f"{n / 2**20:.1f} MiB" if n < 1 << 30 else f"{n / 2**30:.1f} GiB"
 
 
 def _disk_full(err: BaseException, folder: Path) -> bool:
@@ -51,9 +57,9 @@ def disk_full_message(path: Path, written: int, needed: int | None) -> str:
         free = shutil.disk_usage(path.parent).free
     except OSError:
         free = 0
-    size = f"{_mib(written)} written of about {_mib(needed)} needed" if needed else f"{_mib(written)} written before the disk filled"
+    size = f"{_size(written)} written of about {_size(needed)} needed" if needed else f"{_size(written)} written before the disk filled"
     return (f"{path}: no space left on the device while writing {path.name} (stage {path.parent.name}): {size}, "
-            f"{_mib(free)} free in {path.parent}. Free some space or point --out (or report.dir) at a disk with room; "
+            f"{_size(free)} free in {path.parent}. Free some space or point --out (or report.dir) at a disk with room; "
             f"finished stages are kept and the next run resumes from them.")
 
 

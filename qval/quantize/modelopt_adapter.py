@@ -128,7 +128,8 @@ def save_state(model: torch.nn.Module, reference_state: dict[str, torch.Tensor],
         if "quantizer" in k or k not in reference_state or not torch.equal(v, reference_state[k])
     }
     blob = {"modelopt_state": mto.modelopt_state(model), "tensors": changed}
-    atomic_write(path, lambda p: torch.save(blob, p))
+    needed = sum(v.numel() * v.element_size() for v in changed.values())  # at least: the tensors, for a disk-full message
+    atomic_write(path, lambda p: torch.save(blob, p), needed=needed)
     return {"tensors_saved": len(changed), "weights_changed": sum(1 for k in changed if "quantizer" not in k)}
 
 
