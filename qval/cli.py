@@ -80,16 +80,24 @@ def storage_message(err: OSError) -> str | None:
             f"disk; finished stages are kept and the next run resumes from them.")
 
 
-def crash_report(err: BaseException) -> str:
+def crash_report(err: BaseException, command: str, params: dict[str, object]) -> str:
     """Save an unexpected exception's traceback in the run folder (a temp file when there is none);
     the console gets one line and the file's name."""
+    import importlib.metadata as md
+    import platform
     import tempfile
     import time
     import traceback
 
     from .stages import last_run_folder
 
-    text = f"qval {' '.join(sys.argv[1:])}\n\n" + "".join(traceback.format_exception(type(err), err, err.__traceback__))
+    try:
+        version = md.version("qval")
+    except md.PackageNotFoundError:
+        version = "unknown"
+    args = " ".join(f"--{k.replace('_', '-')}={v}" for k, v in params.items())
+    text = (f"command: qval {command} {args}\nqval {version}, Python {platform.python_version()}\n\n"
+            + "".join(traceback.format_exception(type(err), err, err.__traceback__)))
     name = f"crash-{time.strftime('%Y%m%d-%H%M%S')}.txt"
     folder = last_run_folder()
     try:
@@ -132,7 +140,7 @@ def user_errors(fn: Callable[..., int]) -> Callable[..., None]:
             msg = storage_message(e) if isinstance(e, OSError) else None
             if msg is None:
                 msg = (f"internal error, please report it: {type(e).__name__}: {e}. "
-                       f"The traceback is saved in {crash_report(e)}; attach it to the report.")
+                       f"The traceback is saved in {crash_report(e, fn.__name__, kwargs)}; attach it to the report.")
             _err(msg)
             raise typer.Exit(2) from None
         raise typer.Exit(code)

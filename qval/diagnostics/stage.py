@@ -191,8 +191,15 @@ def diagnose_run(cfg: Any, progress: Any, out_dir: str | None, alpha: float | No
     from ..report.html import render_html
     from ..stages import RunDir
 
+    from ..engines import needs_calibration
+
     if cfg.quant.format.value == "none":
         raise ConfigError(f"{cfg.source_file or cfg.name}: quant.format is none, so there are no quantizers to diagnose.")
+    if not needs_calibration(cfg.engine.backend):
+        raise ConfigError(f"{cfg.source_file or cfg.name}: engine backend {cfg.engine.backend!r} gates a checkpoint made "
+                          f"elsewhere, with no qval calibration, so there are no quantizer scales to diagnose. "
+                          f"`qval gate` gates it; to diagnose the format, run `qval diagnose` on a config with "
+                          f"engine backend fakequant.")
     cfg = cfg.model_copy(update={"diagnostics": cfg.diagnostics.model_copy(update={"enabled": True})})
     s = Session(config=cfg, run=RunDir(Path(out_dir or cfg.report.dir), cfg.name), progress=progress)
     calib = calibrate(s, alpha)

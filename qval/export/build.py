@@ -13,9 +13,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from ..errors import StageError
+from ..errors import ConfigError, StageError
 from ..io import atomic_write_json, file_fingerprint, hash_json, read_json
 from .hf import EXPORT_MARKER, export_checkpoint, export_dtype, is_current
 
@@ -114,8 +114,20 @@ def options_for(cfg: "GateConfig", **overrides: Any) -> ExportOptions:
     """The config's export options (when its engine exports) with command-line overrides."""
     base = dict(cfg.engine.options) if cfg.engine.backend in ("export", "tensorrt_llm") else {}
     base = {k: v for k, v in base.items() if k in ExportOptions.model_fields}
-    base.update({k: v for k, v in overrides.items() if v is not None})
-    return ExportOptions.model_validate(base)
+    given = {k: v for k, v in overrides.items() if v is not None}
+    base.update(given)
+    try:
+        return ExportOptions.model_validate(base)
+    except ValidationError as err:  # the config's options were checked when it loaded: a flag is wrong
+        problems = []
+        for e in err.errors():
+            name = str(e["loc"][0]) if e["loc"] else "options"
+            flag = f"--{name.replace('_', '-')}" if name in given else f"engine.options.{name}"
+            allowed = ExportOptions.model_fields[name].annotation if name in ExportOptions.model_fields else None
+            choices = getattr(allowed, "__args__", None)
+            hint = f"; use one of {', '.join(map(str, choices))}" if e["type"] == "literal_error" and choices else ""
+            problems.append(f"{flag} {e.get('input')!r}: {e['msg']}{hint}")
+        raise ConfigError(f"{cfg.source_file or cfg.name}: " + "; ".join(problems) + ".") from None
 
 
 def run_build(cfg: "GateConfig", progress: Any, out_dir: str | None, alpha: float | None, options: ExportOptions,
