@@ -462,9 +462,13 @@ class _UniqueKeyLoader(yaml.SafeLoader):
     def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
         seen: dict[Any, tuple[int, int]] = {}
         for key_node, _ in node.value:
+            if key_node.tag == "tag:yaml.org,2002:merge":
+                continue  # `<<: *anchor` keys may be overridden; only keys written twice are errors
             key = self.construct_object(key_node, deep=True)
+            if not isinstance(key, (str, int, float, bool)):
+                continue
             at = (key_node.start_mark.line + 1, key_node.start_mark.column + 1)
-            if isinstance(key, (str, int, float, bool)) and key in seen:
+            if key in seen:
                 first = seen[key]
                 where = (f"line {first[0]} and line {at[0]}" if first[0] != at[0]
                          else f"line {at[0]} (columns {first[1]} and {at[1]})")

@@ -41,6 +41,18 @@ def test_duplicate_key_in_a_flow_mapping_names_the_columns(tmp_path):
         load_config(path)
 
 
+def test_a_merge_key_override_is_not_a_duplicate(tmp_path):
+    path = tmp_path / "merge.yaml"
+    path.write_text("name: m\n"
+                    "base: &base {format: fp8, kv_cache: fp16}\n"
+                    "quant:\n"
+                    "  <<: *base\n"
+                    "  kv_cache: fp8\n", encoding="utf-8")
+    from qval.config import load_yaml
+
+    assert load_yaml(path)["quant"] == {"format": "fp8", "kv_cache": "fp8"}  # overriding a merged key is allowed
+
+
 def _with_threshold(tmp_path, gate: str, key: str, value: str):
     """A valid small config with one threshold set to a YAML literal (.inf, -.inf, .nan)."""
     data = small_config("t")
