@@ -69,3 +69,15 @@ def test_unexpected_exception_saves_its_traceback_in_the_run_folder(tmp_path, mo
 def test_user_errors_still_exit_2_without_a_crash_file(tmp_path):
     out = clean_error("validate", "--config", tmp_path / "missing.yaml")
     assert "no such config file" in out and "internal error" not in out
+
+
+def test_an_escaping_disk_error_is_a_storage_message_not_a_crash(tmp_path, monkeypatch):
+    import errno
+
+    def full(s, alpha=None):
+        raise OSError(errno.ENOSPC, "No space left on device", str(tmp_path / "r" / "cand" / "export" / "model.safetensors"))
+
+    monkeypatch.setattr(pipeline, "calibrate", full)
+    out = clean_error("calibrate", "--config", write_config(tmp_path, small_config("cand")), "--out", tmp_path / "r", "-q")
+    assert f"{tmp_path / 'r' / 'cand' / 'export' / 'model.safetensors'}: no space left on the device" in out
+    assert "internal error" not in out and not list((tmp_path / "r" / "cand").glob("crash-*"))
