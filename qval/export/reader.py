@@ -70,8 +70,11 @@ def load_tensors(folder: Path) -> dict[str, torch.Tensor]:
     files = sorted(Path(folder).glob("*.safetensors"))
     if not files:
         raise ModelError(f"{folder}: no .safetensors files; qval reads safetensors checkpoints only.")
+    from ..models import check_safetensors
+
     out: dict[str, torch.Tensor] = {}
     for f in files:
+        check_safetensors(f)  # a truncated shard is named, not a SafetensorError traceback
         out.update(load_file(str(f)))
     return out
 

@@ -65,3 +65,11 @@ def test_truncated_safetensors_behind_a_checkpoint_engine(tmp_path):
     out = clean_error("gate", "--config", cfg, "--out", tmp_path / "r", "-q")
     assert f"{path}: truncated safetensors file" in out and "copy or export it again" in out
     assert f"{path}: truncated" in clean_error("validate", "--config", cfg)
+
+
+def test_truncated_shard_of_an_export_is_named(tmp_path):
+    from qval.export.reader import load_tensors
+
+    path, _ = _truncated(_folder(tmp_path, "export"), cut=10)
+    with pytest.raises(ModelError, match=rf"{path}: truncated safetensors file"):
+        load_tensors(path.parent)
