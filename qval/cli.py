@@ -294,9 +294,10 @@ def sweep(configs: list[Path] = typer.Argument(..., help="gate configs (e.g. che
 
 def print_summary(r) -> None:  # noqa: ANN001
     v = r.verdict
-    print(f"\n{r.config.name}: {'APPROVE' if v.approved else 'REJECT'}  ({len(v.failures)} of {len(v.checks)} checks failed)")
+    blind = f", {len(v.uninformative)} uninformative" if v.uninformative else ""
+    print(f"\n{r.config.name}: {'APPROVE' if v.approved else 'REJECT'}  ({len(v.failures)} of {len(v.checks)} checks failed{blind})")
     for c in v.checks:
-        print(f"  [{'pass' if c.outcome == 'pass' else 'FAIL'}] {c.gate}/{c.metric}: {c.reason}")
+        print(f"  [{ {'pass': 'pass', 'uninformative': 'uninformative'}.get(c.outcome, 'FAIL') }] {c.gate}/{c.metric}: {c.reason}")
     print(f"  report: {r.run_dir / 'report.md'}")
 
 

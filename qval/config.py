@@ -257,12 +257,24 @@ class LongGenGate(Strict):
     max_loops_excess: CountLimit = Field(default_factory=Sized)
     max_premature_eos_excess: CountLimit = Field(default_factory=Sized)  # only when suppress_eos is false
 
-    @field_validator("min_late_top1", "max_seq_rep4_excess", mode="before")
+    @field_validator("min_late_top1", "max_late_kld", "max_late_drift", mode="before")
+    @classmethod
+    def _against_reference(cls, v: Any, info: Any) -> Any:
+        # these compare the candidate with the reference (or with its own early positions): the
+        # only spread to size them from is the candidate's own, so a noisier candidate would get a
+        # looser limit. They take an absolute limit, met by the one-sided bound of the figure.
+        if isinstance(v, dict) or isinstance(v, Sized):
+            raise ValueError("cannot be sized: the only spread it could be sized from is the candidate's own, so a "
+                             "worse (noisier) candidate would get a looser limit; give an absolute limit (the check "
+                             "meets it with the figure's 95% interval bound, so noise makes it stricter, never looser)")
+        return _limit(v, hi=1.0 if info.field_name == "min_late_top1" else None)
+
+    @field_validator("max_seq_rep4_excess", mode="before")
     @classmethod
     def _fraction_limit(cls, v: Any) -> Any:
         return _limit(v, hi=1.0)
 
-    @field_validator("max_late_kld", "max_late_drift", "max_judge_nll_excess", mode="before")
+    @field_validator("max_judge_nll_excess", mode="before")
     @classmethod
     def _nonneg_limit(cls, v: Any) -> Any:
         return _limit(v)
@@ -282,10 +294,106 @@ class LongGenGate(Strict):
         return self
 
 
+def _depth_edges(ctx: int) -> list[int]:
+    """Default depth buckets: 0–512, 512–1k, 1k–2k, … doubling up to ctx (its last edge).
+
+    >>> _depth_edges(2048), _depth_edges(3000), _depth_edges(512)
+    ([512, 1024, 2048], [512, 1024, 2048, 3000], [512])
+    """
+    edges, e = [], 512
+    while e < ctx:
+        edges.append(e)
+        e *= 2
+    return edges + [ctx]
+
+
+class DepthGate(Strict):
+    """Gate 1 at depth: long held-out documents scored at a long `ctx`, piece by piece through
+    the KV cache (as decoding fills it); top-1/KLD/Δp per depth bucket, every limit applied to
+    every bucket, and the depth at which the candidate starts to diverge."""
+
+    enabled: bool = True
+    dataset: str = "calib_data/longctx_docs.jsonl"
+    ctx: int = Field(2048, ge=64)
+    tokens: int = Field(4096, gt=0)  # tokens of text scored: chunks of ctx
+    piece: int = Field(512, gt=0)  # the KV cache is filled this many tokens at a time
+    #: upper edges of the depth buckets (positions in the context window); default: 512, 1024, … ctx
+    buckets: list[int] | None = None
+    window: int = Field(128, gt=0)  # the per-depth series (and the divergence depth) in windows of this many positions
+    min_top1: Annotated[float, Field(ge=0, le=1)] | None = None
+    max_mean_kld: Annotated[float, Field(ge=0)] | None = None
+    max_p99_kld: Annotated[float, Field(ge=0)] | None = None
+
+    @model_validator(mode="after")
+    def _fits(self) -> "DepthGate":
+        if self.tokens < self.ctx:
+            raise ValueError(f"tokens ({self.tokens}) is less than one chunk of ctx ({self.ctx})")
+        if self.buckets is not None:
+            b = self.buckets
+            if not b or any(x <= 0 for x in b) or any(y <= x for x, y in zip(b, b[1:])):
+                raise ValueError(f"buckets must be increasing positive depths, got {b}")
+            if b[-1] > self.ctx:
+                raise ValueError(f"the last bucket edge ({b[-1]}) is deeper than ctx ({self.ctx})")
+        if self.enabled and self.min_top1 is None and self.max_mean_kld is None and self.max_p99_kld is None:
+            raise ValueError("gate is enabled but sets no threshold, so it could never fail; "
+                             "set min_top1, max_mean_kld or max_p99_kld, or enabled: false")
+        return self
+
+    @property
+    def edges(self) -> list[int]:
+        """Bucket upper edges, the last one at ctx − 1 positions scored per chunk at most."""
+        return list(self.buckets) if self.buckets else _depth_edges(self.ctx)
+
+
+class RetrievalGate(Strict):
+    """The retrieval matrix: haystacks of shipped prose, a needle with a random pass code at a
+    depth, the question after the haystack; both models answer greedily (exact match), paired
+    per trial. Non-inferiority per context length and overall; a length the reference cannot
+    solve is reported uninformative, never passed silently."""
+
+    enabled: bool = True
+    haystack: str = "calib_data/longctx_docs.jsonl"
+    lengths: list[int] = Field(default_factory=lambda: [512, 1024, 2048])  # prompt tokens, approximately
+    depths: list[float] = Field(default_factory=lambda: [0.0, 0.25, 0.5, 0.75, 1.0])  # needle position, fraction of the haystack
+    trials: int = Field(2, gt=0)  # per cell, each with its own key and haystack offset
+    piece: int = Field(512, gt=0)  # prompt scored through the KV cache this many tokens at a time
+    #: non-inferiority margins on the accuracy drop (reference − candidate, a fraction): per length, and pooled
+    margin: Annotated[float, Field(gt=0, le=1)] | None = None
+    margin_overall: Annotated[float, Field(gt=0, le=1)] | None = None
+    alpha: float = Field(0.05, gt=0, lt=0.5)  # one-sided level of the drop's upper bound
+    beta: float = Field(0.2, gt=0, lt=0.5)  # for the detectable drop printed beside each check
+    #: a length whose reference accuracy is below this is uninformative (it cannot show a loss)
+    min_reference_accuracy: float = Field(0.5, gt=0, le=1)
+    max_answer_kld: Annotated[float, Field(ge=0)] | None = None  # mean KLD on the answer tokens (teacher-forced)
+
+    @field_validator("lengths")
+    @classmethod
+    def _lengths(cls, v: list[int]) -> list[int]:
+        if not v or any(x < 64 for x in v) or len(set(v)) != len(v):
+            raise ValueError(f"lengths must be distinct token counts >= 64, got {v}")
+        return sorted(v)
+
+    @field_validator("depths")
+    @classmethod
+    def _depths(cls, v: list[float]) -> list[float]:
+        if not v or any(not 0.0 <= x <= 1.0 for x in v) or len(set(v)) != len(v):
+            raise ValueError(f"depths must be distinct fractions in [0, 1], got {v}")
+        return sorted(v)
+
+    @model_validator(mode="after")
+    def _can_fail(self) -> "RetrievalGate":
+        if self.enabled and self.margin is None and self.margin_overall is None and self.max_answer_kld is None:
+            raise ValueError("gate is enabled but sets no threshold, so it could never fail; "
+                             "set margin, margin_overall or max_answer_kld, or enabled: false")
+        return self
+
+
 class GatesConfig(Strict):
     agreement: AgreementGate = Field(default_factory=AgreementGate)
     quality: QualityGate = Field(default_factory=lambda: QualityGate(enabled=False))
     longgen: LongGenGate = Field(default_factory=lambda: LongGenGate(enabled=False))
+    depth: DepthGate = Field(default_factory=lambda: DepthGate(enabled=False))
+    retrieval: RetrievalGate = Field(default_factory=lambda: RetrievalGate(enabled=False))
 
     @model_validator(mode="after")
     def _quality_fits_agreement(self) -> "GatesConfig":

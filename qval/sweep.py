@@ -32,7 +32,7 @@ if TYPE_CHECKING:
     from .progress import Progress
 
 KEY_FIGURES = (("agreement", "top1"), ("agreement", "mean_kld"), ("agreement", "p99_kld"),
-               ("quality", "ppl_ratio"), ("longgen", "late_kld"))
+               ("quality", "ppl_ratio"), ("longgen", "late_kld"), ("depth", "mean_kld"), ("retrieval", "drop"))
 
 
 @dataclass

@@ -31,6 +31,14 @@ class Threshold:
     #: the figure's value at that effect: a candidate at or beyond it is rejected with power 1 − β
     #: ("max": values >= it, "min": values <= it)
     detectable: float | None = None
+    #: which end of the measured estimate meets the limit: "value" (the point estimate), "hi" (the
+    #: upper end of its interval: for a "max" limit, a noisier candidate then passes less easily,
+    #: never more) or "lo" (the lower end, for a "min" limit). Non-inferiority checks use the bound.
+    on: Literal["value", "lo", "hi"] = "value"
+    #: False when the check cannot show a loss on this data (the reference itself cannot do the
+    #: task): the outcome is "uninformative", stated beside the verdict, never a pass
+    informative: bool = True
+    why_uninformative: str | None = None
 
 
 @dataclass
@@ -76,9 +84,10 @@ class Check:
     limit: float
     source: str
     min_detectable_effect: float | None
-    outcome: Literal["pass", "fail"]
+    outcome: Literal["pass", "fail", "uninformative"]
     reason: str
     detectable: float | None = None
+    on: str = "value"
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -93,11 +102,16 @@ class Verdict:
     def failures(self) -> list[Check]:
         return [c for c in self.checks if c.outcome == "fail"]
 
+    @property
+    def uninformative(self) -> list[Check]:
+        return [c for c in self.checks if c.outcome == "uninformative"]
+
     def to_dict(self) -> dict[str, Any]:
         return {
             "approved": self.approved,
             "decision": "APPROVE" if self.approved else "REJECT",
             "failed_checks": len(self.failures),
+            "uninformative_checks": len(self.uninformative),
             "checks": [c.to_dict() for c in self.checks],
         }
 
@@ -109,7 +123,7 @@ def _fmt(x: float) -> str:
 def _check(t: Threshold, result: GateResult | None) -> Check:
     def make(value: float | None, lo: float | None, hi: float | None, outcome: str, reason: str) -> Check:
         return Check(t.gate, t.metric, t.description, value, lo, hi, t.op, t.limit, t.source,
-                     t.min_detectable_effect, outcome, reason, t.detectable)  # type: ignore[arg-type]
+                     t.min_detectable_effect, outcome, reason, t.detectable, t.on)  # type: ignore[arg-type]
 
     if result is None:
         return make(None, None, None, "fail", f"gate {t.gate} did not run, so {t.metric} was never measured")
@@ -119,19 +133,32 @@ def _check(t: Threshold, result: GateResult | None) -> Check:
     if est is None:
         return make(None, None, None, "fail", f"gate {t.gate} produced no {t.metric}")
     v = est.value
+    if not t.informative:
+        shown = "–" if v is None or not math.isfinite(v) else _fmt(v)
+        return make(v, est.lo, est.hi, "uninformative", f"{t.metric} = {shown}: uninformative, {t.why_uninformative or 'this data cannot show a loss'}")
     if v is None or not math.isfinite(v):
         return make(v, est.lo, est.hi, "fail", f"{t.metric} is {v}: not a finite number")
-    ok = v <= t.limit if t.op == "max" else v >= t.limit
+    compared, what = v, t.metric
+    if t.on != "value":
+        compared = est.hi if t.on == "hi" else est.lo
+        what = f"{'upper' if t.on == 'hi' else 'lower'} bound of {t.metric}"
+        if compared is None and est.n is not None and est.n < 2:
+            compared, what = v, f"{t.metric} (one sample: no interval, the value itself)"
+        elif compared is None or not math.isfinite(compared):
+            return make(v, est.lo, est.hi, "fail", f"{t.metric} = {_fmt(v)} has no finite {what.split()[0]} bound to meet the limit")
+    ok = compared <= t.limit if t.op == "max" else compared >= t.limit
     sign = "<=" if t.op == "max" else ">="
     words = "within" if ok else "outside"
-    reason = f"{t.metric} = {_fmt(v)} {'' if ok else 'not '}{sign} {_fmt(t.limit)} ({words} the {t.source} threshold)"
+    shown = _fmt(compared) if t.on == "value" or compared is v else f"{_fmt(compared)} ({t.metric} {_fmt(v)})"
+    reason = f"{what} = {shown} {'' if ok else 'not '}{sign} {_fmt(t.limit)} ({words} the {t.source} threshold)"
     return make(v, est.lo, est.hi, "pass" if ok else "fail", reason)
 
 
 def decide(results: dict[str, GateResult], thresholds: list[Threshold]) -> Verdict:
-    """Every threshold becomes a check; the candidate is approved only if every check passes.
-
-    An empty threshold list rejects: approving on no evidence is never right.
+    """Every threshold becomes a check; the candidate is approved only if no check fails and at
+    least one passes. An uninformative check (the data cannot show a loss) is neither: it is
+    reported beside the verdict. No checks, or only uninformative ones, reject: approving on no
+    evidence is never right.
     """
     checks = [_check(t, results.get(t.gate)) for t in thresholds]
     # a gate that ran into trouble fails even if no threshold names its figures
@@ -142,4 +169,7 @@ def decide(results: dict[str, GateResult], thresholds: list[Threshold]) -> Verdi
     if not checks:
         checks.append(Check("-", "-", "at least one check", None, None, None, "min", 1.0, "absolute", None,
                             "fail", "no gate produced a check: nothing supports an approval"))
-    return Verdict(approved=all(c.outcome == "pass" for c in checks), checks=checks)
+    if all(c.outcome == "uninformative" for c in checks):
+        checks.append(Check("-", "-", "at least one informative check", None, None, None, "min", 1.0, "absolute", None,
+                            "fail", "every check was uninformative: nothing supports an approval"))
+    return Verdict(approved=all(c.outcome != "fail" for c in checks), checks=checks)

@@ -39,7 +39,7 @@ def test_readme_config_example_is_a_valid_config():
     text = (ROOT / "README.md").read_text(encoding="utf-8")
     example = text.split("```yaml\n", 1)[1].split("```", 1)[0]
     cfg = parse_config(yaml.safe_load(example), str(ROOT / "checks" / "readme-example.yaml"))
-    assert cfg.gates.quality.enabled and cfg.gates.longgen.enabled
+    assert cfg.gates.quality.enabled and cfg.gates.longgen.enabled and cfg.gates.depth.enabled and cfg.gates.retrieval.enabled
 
 
 def test_unknown_key_names_file_key_and_allowed(tmp_path):

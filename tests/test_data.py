@@ -14,7 +14,7 @@ from qval.errors import DataError
 from .conftest import ROOT
 
 DATA = ROOT / "calib_data"
-HELD_OUT = ["heldout_eval.jsonl", "bleu_eval.jsonl", "longgen_prompts.jsonl"]
+HELD_OUT = ["heldout_eval.jsonl", "bleu_eval.jsonl", "longgen_prompts.jsonl", "longctx_docs.jsonl"]
 SPAN = 40  # characters: longer than any stock phrase, shorter than any copied sentence
 
 
@@ -63,7 +63,16 @@ def test_sets_are_big_enough_for_the_shipped_checks(default_model):
     calib = token_stream(load_dataset(str(DATA / "general_mix.jsonl")).texts(), tok, tok.eos_token_id)
     held = token_stream(load_dataset(str(DATA / "heldout_eval.jsonl")).texts(), tok, tok.eos_token_id)
     assert len(chunk(calib, 512)) >= 64  # checks/ calibrate on 64 × 512 tokens
-    assert len(held) >= 32768  # checks/ score 32768 tokens in gate 1
+    assert len(held) >= 32768  # checks/ score up to 32768 tokens in gate 1
+    long = [token_stream([t], tok, tok.eos_token_id) for t in load_dataset(str(DATA / "longctx_docs.jsonl")).texts()]
+    assert sum(map(len, long)) >= 32768  # checks/gpu/ score 4 chunks of 8192 at depth
+    assert min(map(len, long)) >= 4096  # each document is several thousand tokens long
+
+
+def test_long_documents_hold_no_needle():
+    """The retrieval gate's needles must be the only pass codes in its haystacks."""
+    for t in texts("longctx_docs.jsonl"):
+        assert "pass code" not in t.lower() and not re.search(r"\d{6}", t)
 
 
 def test_loader_errors_name_the_line(tmp_path):

@@ -45,6 +45,16 @@ class GateSpec:
 
 GATES: Registry[GateSpec] = Registry("gate")
 
+
+def max_positions(ctx: GateContext) -> int | None:
+    """The reference model's maximum positions (its config's `max_position_embeddings`), or None
+    when its engine does not say: long-context gates refuse a context the model cannot hold."""
+    model = getattr(ctx.reference, "model", None)
+    n = getattr(getattr(model, "config", None), "max_position_embeddings", None)
+    return int(n) if isinstance(n, int) and n > 0 else None
+
 from . import agreement  # noqa: E402,F401
+from . import depth  # noqa: E402,F401  (gate 1 at depth: long documents, per depth bucket)
 from . import quality  # noqa: E402,F401  (gate 2: needs agreement's positions, so after it)
 from . import longgen  # noqa: E402,F401
+from . import retrieval  # noqa: E402,F401  (the retrieval matrix: context length × needle depth)

@@ -215,6 +215,9 @@ def summarize(cfg: GateConfig, records: list[dict[str, Any]], seqs: list[dict[st
         "seq_rep4_excess": mean_estimate(rep_excess),
         "judge_nll_excess": mean_estimate(nll_excess),
         "loops_excess": _count(cand_loops - ref_loops, n),
+        # how repetitive the teacher-forced text (the reference's own continuation) is late on: a
+        # looping continuation makes its late positions easy to predict, so late top-1 says less
+        "tf_late_seq_rep4": mean_estimate(np.array([h["late_seq_rep4"] for h in ref_health])),
     }
     ref_stops = sum(s is not None and s + 1 < g.new_tokens for s in ref_eos)
     cand_stops = sum(s is not None and s + 1 < g.new_tokens for s in cand_eos)
@@ -226,8 +229,7 @@ def summarize(cfg: GateConfig, records: list[dict[str, Any]], seqs: list[dict[st
     details = {**info, "loop_span": span, "loop_max_period": LOOP_MAX_PERIOD, "windows": series, "per_prompt": per_prompt,
                "ref_loops": ref_loops, "cand_loops": cand_loops, "ref_eos_stops": ref_stops, "cand_eos_stops": cand_stops,
                "late_positions": edge_positions,
-               "sizing": {"kld_sigma": _sd(e_kld + l_kld), "top1_sigma": _sd(e_top1 + l_top1),
-                          "early_top1": et.value, "early_kld": ek.value, "prompts": n,
+               "sizing": {"prompts": n,
                           "ref_late_seq_rep4_sigma": _sd([h["late_seq_rep4"] for h in ref_health]),
                           "ref_late_nll_sigma": _sd(ref_late_nll), "ref_loop_rate": ref_loops / n if n else float("nan"),
                           "ref_eos_rate": ref_stops / n if n else float("nan")}}
@@ -275,36 +277,38 @@ _WHAT = {
 
 
 def _sized(metric: str, limit: Sized, z: dict[str, Any]) -> Threshold:
-    """Sized limits, n = prompts throughout. Drift-type figures are sized against the candidate's
-    own EARLY positions (with nothing accumulating, late equals early; σ = spread of the
-    per-prompt early and late means); health excesses against the reference's own spread."""
+    """Sized limits of the health excesses, n = prompts, from the REFERENCE's own spread only
+    (its late seq-rep-4 and NLL per prompt, its loop / EOS rate): nothing the candidate does can
+    widen them. The drift-type figures (late top-1, late KLD, drift) are absolute (config.py)."""
     n_pr = z["prompts"]
-    if metric == "late_top1":
-        args, ref, hib = (z["top1_sigma"], n_pr), z["early_top1"], True
-    elif metric in ("late_kld", "late_drift"):
-        args, ref, hib = (z["kld_sigma"], n_pr), (z["early_kld"] if metric == "late_kld" else 0.0), False
-    elif metric == "seq_rep4_excess":
-        args, ref, hib = (z["ref_late_seq_rep4_sigma"], n_pr), 0.0, False
+    if metric == "seq_rep4_excess":
+        sigma = z["ref_late_seq_rep4_sigma"]
     elif metric == "judge_nll_excess":
-        args, ref, hib = (z["ref_late_nll_sigma"], n_pr), 0.0, False
+        sigma = z["ref_late_nll_sigma"]
     else:  # counts of prompts: σ of the reference's 0/1 outcome, scaled from a rate to a count
         rate = z["ref_loop_rate"] if metric == "loops_excess" else z["ref_eos_rate"]
-        args, ref, hib = (math.sqrt(max(rate * (1 - rate), 0.0)), n_pr), 0.0, False
-    sigma, n = args
+        sigma = math.sqrt(max(rate * (1 - rate), 0.0))
+    ref, n = 0.0, n_pr
     if n < 2 and metric in ("loops_excess", "premature_eos_excess"):
         # one prompt gives no rate to size against: the count falls back to the strict limit
         # (no more than the reference), which is what sizing gives when the reference never does it
         return Threshold("longgen", metric, "max", 0.0, f"{_WHAT[metric]} (one prompt: cannot be sized, strict limit 0)",
                          "sized", None, {"sigma": None, "n": n, "alpha": limit.alpha, "beta": limit.beta, "relative_to": 0.0})
     try:
-        s = sized_threshold(ref, sigma, n, alpha=limit.alpha, beta=limit.beta, higher_is_better=hib)
+        s = sized_threshold(ref, sigma, n, alpha=limit.alpha, beta=limit.beta, higher_is_better=False)
     except ValueError as err:
-        return Threshold("longgen", metric, "min" if hib else "max", float("nan"), f"{_WHAT[metric]} (cannot be sized: {err})", "sized")
+        return Threshold("longgen", metric, "max", float("nan"), f"{_WHAT[metric]} (cannot be sized: {err})", "sized")
     scale = n if metric in ("loops_excess", "premature_eos_excess") else 1
     effect = s.min_detectable_effect * scale
-    return Threshold("longgen", metric, "min" if hib else "max", ref + (s.threshold - ref) * scale, _WHAT[metric], "sized",
-                     effect, {"sigma": sigma, "n": n, "alpha": limit.alpha, "beta": limit.beta, "relative_to": ref},
-                     detectable=ref - effect if hib else ref + effect)
+    return Threshold("longgen", metric, "max", ref + (s.threshold - ref) * scale, _WHAT[metric], "sized",
+                     effect, {"sigma": sigma, "n": n, "alpha": limit.alpha, "beta": limit.beta, "relative_to": ref,
+                              "sized_from": "the reference's own spread"},
+                     detectable=ref + effect)
+
+
+#: figures compared with the reference (or the candidate's own early part): absolute limits met by
+#: the 95% interval's bound, so a noisier candidate is held to the limit more strictly, never less
+_BOUND = {"late_top1": "lo", "late_kld": "hi", "late_drift": "hi"}
 
 
 def thresholds(cfg: GateConfig, result: GateResult | None) -> list[Threshold]:
@@ -325,7 +329,8 @@ def thresholds(cfg: GateConfig, result: GateResult | None) -> list[Threshold]:
             else:
                 out.append(Threshold("longgen", metric, "min" if metric == "late_top1" else "max", float("nan"), _WHAT[metric], "sized"))
         else:
-            out.append(Threshold("longgen", metric, "min" if metric == "late_top1" else "max", float(limit), _WHAT[metric]))
+            out.append(Threshold("longgen", metric, "min" if metric == "late_top1" else "max", float(limit), _WHAT[metric],
+                                 on=_BOUND.get(metric, "value")))  # type: ignore[arg-type]
     return out
 
 

@@ -198,3 +198,39 @@ def ranked_bars(items: Sequence[tuple[str, float, float | None]], title: str, xl
     out.append(f'<line x1="{zero:.1f}" x2="{zero:.1f}" y1="{TOP}" y2="{height - BOTTOM}" stroke="#333"/>')
     out.append(f'<text x="{(left + W - RIGHT) / 2}" y="{height - 10}" text-anchor="middle">{escape(xlabel)}</text>')
     return "\n".join(out + ["</svg>"])
+
+
+def heatmap(rows: Sequence[str], cols: Sequence[str], values: Sequence[Sequence[float | None]], title: str,
+            xlabel: str, ylabel: str, lo: float = 0.0, hi: float = 1.0, diverging: bool = False) -> str:
+    """A grid of cells coloured by value (white → blue, or red ← white → blue when `diverging`),
+    each cell printed with its value; None (no data) is grey."""
+    cell_w = (W - LEFT - RIGHT) / max(len(cols), 1)
+    cell_h = 30
+    height = TOP + BOTTOM + cell_h * max(len(rows), 1)
+    out = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{W}" height="{height}" viewBox="0 0 {W} {height}" '
+           'font-family="Helvetica,Arial,sans-serif" font-size="11">', f'<rect width="{W}" height="{height}" fill="#ffffff"/>',
+           f'<text x="{W / 2}" y="18" text-anchor="middle" font-size="13" font-weight="bold">{escape(title)}</text>']
+
+    def colour(v: float) -> str:
+        if diverging:
+            f = max(-1.0, min(1.0, v / (max(abs(lo), abs(hi)) or 1.0)))
+            r, g, b = (255, int(255 * (1 + f)), int(255 * (1 + f))) if f < 0 else (int(255 * (1 - f)), int(255 * (1 - 0.5 * f)), 255)
+        else:
+            f = max(0.0, min(1.0, (v - lo) / ((hi - lo) or 1.0)))
+            r, g, b = int(255 * (1 - 0.85 * f)), int(255 * (1 - 0.55 * f)), 255
+        return f"rgb({r},{g},{b})"
+
+    for i, name in enumerate(rows):
+        y = TOP + cell_h * i
+        out.append(f'<text x="{LEFT - 6}" y="{y + cell_h / 2 + 4}" text-anchor="end">{escape(name)}</text>')
+        for j, v in enumerate(values[i]):
+            x = LEFT + cell_w * j
+            fill = colour(v) if finite(v) else "#dddddd"
+            out.append(f'<rect x="{x:.1f}" y="{y}" width="{cell_w - 1:.1f}" height="{cell_h - 1}" fill="{fill}"/>')
+            out.append(f'<text x="{x + cell_w / 2:.1f}" y="{y + cell_h / 2 + 4}" text-anchor="middle">'
+                       f'{label(v) if finite(v) else "–"}</text>')
+    for j, name in enumerate(cols):
+        out.append(f'<text x="{LEFT + cell_w * (j + 0.5):.1f}" y="{height - BOTTOM + 16}" text-anchor="middle">{escape(name)}</text>')
+    out.append(f'<text x="{(LEFT + W - RIGHT) / 2}" y="{height - 10}" text-anchor="middle">{escape(xlabel)}</text>')
+    out.append(f'<text transform="translate(14,{(TOP + height - BOTTOM) / 2}) rotate(-90)" text-anchor="middle">{escape(ylabel)}</text>')
+    return "\n".join(out + ["</svg>"])

@@ -62,8 +62,10 @@ def figure(svg: str, alt: str, caption: str = "") -> str:
     return f'<figure><img src="{charts.data_uri(svg)}" alt="{escape(alt)}" width="{charts.W}">{cap}</figure>'
 
 
-def _outcome(ok: bool) -> Raw:
-    return Raw('<span class="pass">PASS</span>' if ok else '<span class="fail">FAIL</span>')
+def _outcome(ok: bool | str) -> Raw:
+    if ok == "uninformative":
+        return Raw('<span class="note">UNINFORMATIVE</span>')
+    return Raw('<span class="pass">PASS</span>' if ok is True or ok == "pass" else '<span class="fail">FAIL</span>')
 
 
 def header(r: dict[str, Any]) -> str:
@@ -75,7 +77,8 @@ def header(r: dict[str, Any]) -> str:
         out.append('<div class="verdict info">DIAGNOSTICS ONLY — no gate ran; this page is not a sign-off</div>')
     else:
         cls = "approve" if v["approved"] else "reject"
-        out.append(f'<div class="verdict {cls}">{escape(v["decision"])} — {v["failed_checks"]} of {len(v["checks"])} checks failed</div>')
+        extra = f'; {v["uninformative_checks"]} uninformative' if v.get("uninformative_checks") else ""
+        out.append(f'<div class="verdict {cls}">{escape(v["decision"])} — {v["failed_checks"]} of {len(v["checks"])} checks failed{extra}</div>')
     fb = r.get("fallback")
     if fb:
         cls = "approve" if fb["approved"] else "reject"
@@ -97,7 +100,7 @@ def checks_section(r: dict[str, Any]) -> str:
         return ""
     rows = []
     for c in v["checks"]:
-        rows.append([c["gate"], c["metric"], c["description"], c["value"], interval(c), threshold_text(c), _outcome(c["outcome"] == "pass"), c["reason"]])
+        rows.append([c["gate"], c["metric"], c["description"], c["value"], interval(c), threshold_text(c), _outcome(c["outcome"]), c["reason"]])
     return "<h2>Checks</h2>" + table(["gate", "metric", "what", "value", "95% interval", "threshold", "outcome", "reason"], rows, [3])
 
 
@@ -147,9 +150,54 @@ def longgen_plots(g: dict[str, Any]) -> str:
                    for fam, series in families.items())
 
 
-PLOTS = {"agreement": agreement_plots, "longgen": longgen_plots}
+def depth_plots(g: dict[str, Any]) -> str:
+    """Gate 1 at depth: mean KLD and top-1 per window of depth, and the per-bucket table."""
+    d = g.get("details") or {}
+    series = (d.get("divergence") or {}).get("series") or []
+    if not series:
+        return '<p class="note">No per-depth series in this gate\'s details.</p>'
+    xs = [_num(w.get("start")) or 0.0 for w in series]
+    out = [figure(charts.line_chart({"mean KLD": [(x, _num(w.get("kld"))) for x, w in zip(xs, series)]},
+                                    "Mean KLD(ref‖cand) by depth", "position in the context (window start)", "KLD, nats"), "KLD by depth"),
+           figure(charts.line_chart({"top-1": [(x, _num(w.get("top1"))) for x, w in zip(xs, series)]},
+                                    "Top-1 agreement by depth", "position in the context (window start)", "top-1", include_zero=False),
+                  "top-1 by depth")]
+    rows = [[b["label"], b["positions"], (b.get("top1") or {}).get("value"), ((b.get("kld") or {}).get("mean") or {}).get("value"),
+             (b.get("kld") or {}).get("p99"), ((b.get("delta_p") or {}).get("mean") or {}).get("value")] for b in d.get("buckets", [])]
+    out.append(table(["depth", "positions", "top-1", "mean KLD", "p99 KLD", "Δp mean"], rows, [1, 2, 3, 4, 5]))
+    return "".join(out)
+
+
+def retrieval_plots(g: dict[str, Any]) -> str:
+    """The retrieval matrix as three heatmaps (length × depth): reference, candidate, difference."""
+    d = g.get("details") or {}
+    cells, lengths, depths = d.get("cells") or [], d.get("lengths") or [], d.get("depths") or []
+    if not cells:
+        return '<p class="note">No retrieval cells in this gate\'s details.</p>'
+
+    def grid(key: str) -> list[list[float | None]]:
+        at = {(c["length"], c["depth"]): c for c in cells}
+        return [[(at[(L, x)][key] / at[(L, x)]["n"]) if at.get((L, x), {}).get("n") else None for x in depths] for L in lengths]
+
+    ref, cand = grid("ref_right"), grid("cand_right")
+    diff = [[(c - r) if r is not None and c is not None else None for r, c in zip(rr, cc)] for rr, cc in zip(ref, cand)]
+    rows, cols = [str(L) for L in lengths], [f"{x:.0%}" for x in depths]
+    out = [figure(charts.heatmap(rows, cols, ref, "Reference accuracy", "needle depth", "context tokens"), "reference accuracy"),
+           figure(charts.heatmap(rows, cols, cand, "Candidate accuracy", "needle depth", "context tokens"), "candidate accuracy"),
+           figure(charts.heatmap(rows, cols, diff, "Candidate − reference", "needle depth", "context tokens", -1.0, 1.0,
+                                 diverging=True), "accuracy difference", "red: the candidate loses trials the reference solves")]
+    flips = d.get("flipped") or []
+    if flips:
+        out.append(table(["length", "depth", "key", "reference answer", "candidate answer", "right"],
+                         ([f["length"], f"{f['depth']:.0%}", f["key"], f.get("ref_answer", "–"), f.get("cand_answer", "–"),
+                           "reference" if f["ref_right"] else "candidate"] for f in flips)))
+    return "".join(out)
+
+
+PLOTS = {"agreement": agreement_plots, "longgen": longgen_plots, "depth": depth_plots, "retrieval": retrieval_plots}
 TITLES = {"agreement": "Gate 1 — logits agreement", "quality": "Gate 2 — perplexity and BLEU",
-          "longgen": "Gate 3 — long-generation stability"}
+          "longgen": "Gate 3 — long-generation stability", "depth": "Gate 1 at depth — long context",
+          "retrieval": "Retrieval matrix — context length × needle depth"}
 
 
 def gates_section(r: dict[str, Any]) -> str:

@@ -39,7 +39,7 @@ def checks_table(checks: list[dict[str, Any]]) -> list[str]:
     lines = ["| gate | metric | value | 95% interval | threshold | outcome |", "|---|---|---|---|---|---|"]
     for c in checks:
         thr = threshold_text(c)
-        mark = "PASS" if c["outcome"] == "pass" else "**FAIL**"
+        mark = {"pass": "PASS", "uninformative": "uninformative"}.get(c["outcome"], "**FAIL**")
         lines.append(f"| {c['gate']} | {c['metric']} | {fmt(c['value'])} | {interval(c)} | {thr} | {mark} |")
     return lines
 
@@ -120,7 +120,8 @@ def longgen_section(g: dict[str, Any]) -> list[str]:
     for key, label in (("early_top1", "top-1, early"), ("late_top1", "top-1, late"), ("top1_drift", "top-1 drift (early − late)"),
                        ("early_kld", "mean KLD, early"), ("late_kld", "mean KLD, late"), ("late_drift", "KLD drift (late − early)"),
                        ("seq_rep4_excess", "late seq-rep-4, cand − ref"), ("judge_nll_excess", "late judge NLL, cand − ref"),
-                       ("loops_excess", "prompts ending in a loop, cand − ref"), ("premature_eos_excess", "early EOS stops, cand − ref")):
+                       ("loops_excess", "prompts ending in a loop, cand − ref"), ("premature_eos_excess", "early EOS stops, cand − ref"),
+                       ("tf_late_seq_rep4", "late seq-rep-4 of the teacher-forced text (the reference's own)")):
         if key in m:
             lines.append(f"| {label} | {estimate(m[key])} | {interval(m[key])} |")
     lines += ["", f"Loops (period ≤ {d.get('loop_max_period')} through the last {d.get('loop_span')} tokens): reference "
@@ -139,7 +140,65 @@ def longgen_section(g: dict[str, Any]) -> list[str]:
     return lines
 
 
+def depth_section(g: dict[str, Any]) -> list[str]:
+    d = g["details"]
+    div = d.get("divergence", {})
+    first = div.get("first_difference")
+    lines = [f"Scored {d.get('scored_positions')} positions: {d.get('chunks')} chunks of {d.get('ctx')} tokens of "
+             f"{d.get('dataset')}, every position, both models filling their KV caches {d.get('piece')} tokens at a time.",
+             "", "The candidate " + ("reproduces the reference at every depth." if first is None
+                                     else f"first departs from the reference (KLD > 1e-6) at depth {first}.")]
+    if d.get("shortfall"):
+        lines.append(f"Note: {d['shortfall']}.")
+    lines += ["", "| depth | positions | top-1 | mean KLD | p99 KLD | Δp mean | NLL ref / cand |", "|---|---|---|---|---|---|---|"]
+    for b in d.get("buckets", []):
+        k = b.get("kld", {})
+        lines.append(f"| {b['label']} | {b['positions']} | {estimate(b.get('top1'))} | {estimate(k.get('mean'))} | {fmt(k.get('p99'))} | "
+                     f"{estimate(b.get('delta_p', {}).get('mean'))} | {fmt(b.get('nll_ref'))} / {fmt(b.get('nll_cand'))} |")
+    series = div.get("series", [])
+    if series:
+        lines += ["", f"Per window of {div.get('window')} positions (mean over chunks):", "", "| depth | mean KLD | top-1 |", "|---|---|---|"]
+        lines += [f"| {w['start']}–{w['end']} | {fmt(w['kld'])} | {fmt(w['top1'])} |" for w in series]
+    return lines
+
+
+def retrieval_section(g: dict[str, Any]) -> list[str]:
+    d, m = g["details"], g["measurements"]
+    lines = [f"{d.get('trials')} trials: context lengths {d.get('lengths')} × needle depths {d.get('depths')} × "
+             f"{d.get('trials_per_cell')} trials per cell, haystacks from {d.get('haystack')} ({d.get('rendering')}). Both "
+             "models score each prompt followed by the true pass code through their KV caches; a model is right when "
+             "greedy decoding gives exactly the code. Drop = reference − candidate accuracy, "
+             f"{d.get('interval')}.", "",
+             "| context | trials | reference | candidate | drop [interval] | detects drops ≥ | flips (right→wrong) | McNemar p |",
+             "|---|---|---|---|---|---|---|---|"]
+    for x in d.get("per_length", []) + [{"length": "all", **d.get("overall", {}), "n": None}]:
+        dr = x.get("drop", {})
+        lines.append(f"| {x['length']} | {dr.get('n')} | {fmt(dr.get('ref_accuracy'))} | {fmt(dr.get('cand_accuracy'))} | "
+                     f"{fmt(dr.get('drop'))} [{fmt(dr.get('lo'))}, {fmt(dr.get('hi'))}] | {fmt(dr.get('detectable_drop'))} | "
+                     f"{x.get('counts', {}).get('ref_only', 0) + x.get('counts', {}).get('cand_only', 0)} "
+                     f"({x.get('counts', {}).get('ref_only')}) | {fmt(dr.get('mcnemar_p'))} |")
+    depths = d.get("depths", [])
+    at = {(c["length"], c["depth"]): c for c in d.get("cells", [])}
+    lines += ["", "Right answers per cell, reference / candidate (of the cell's trials):", "",
+              "| context \\ depth | " + " | ".join(f"{x:.0%}" for x in depths) + " |", "|---" * (len(depths) + 1) + "|"]
+    for L in d.get("lengths", []):
+        lines.append(f"| {L} | " + " | ".join(f"{at[(L, x)]['ref_right']} / {at[(L, x)]['cand_right']}" if (L, x) in at else "–"
+                                               for x in depths) + " |")
+    if "answer_kld" in m:
+        lines += ["", f"On the pass-code tokens (teacher-forced): mean KLD {estimate(m['answer_kld'])}, top-1 {estimate(m.get('answer_top1'))}."]
+    flips = d.get("flipped", [])
+    if flips:
+        lines += ["", "Trials the two models answer differently (greedy answers):", "",
+                  "| context | depth | key | reference answered | candidate answered | right |", "|---|---|---|---|---|---|"]
+        for f in flips:
+            lines.append(f"| {f['length']} | {f['depth']:.0%} | {f['key']} | {f.get('ref_answer', '–')!r} | {f.get('cand_answer', '–')!r} | "
+                         f"{'reference' if f['ref_right'] else 'candidate'} |")
+    return lines
+
+
 SECTIONS = {"agreement": ("Gate 1 — logits agreement", agreement_section),
+            "depth": ("Gate 1 at depth — long context", depth_section),
+            "retrieval": ("Retrieval matrix — context length × needle depth", retrieval_section),
             "quality": ("Gate 2 — perplexity and BLEU/chrF", quality_section),
             "longgen": ("Gate 3 — long-generation stability", longgen_section)}
 
@@ -175,15 +234,20 @@ def render_markdown(r: dict[str, Any]) -> str:
     out += [f"- {reference_text(model)}",
             f"- Candidate: {cand['format']} weights, KV cache {cand['kv_cache']}, excluded {', '.join(cand['exclude']) or 'nothing'}; "
             f"engine {cand['engine'].get('backend')}" + ("" if cand["engine"].get("executed", True) else " (NOT EXECUTED here)"),
-            f"- {v['failed_checks']} of {len(v['checks'])} checks failed; {runtime_text(r)}; created {r['created']}"]
+            f"- {v['failed_checks']} of {len(v['checks'])} checks failed"
+            + (f", {v['uninformative_checks']} uninformative (the data cannot show a loss there)" if v.get("uninformative_checks") else "")
+            + f"; {runtime_text(r)}; created {r['created']}"]
     for note in model.get("notes", []):
         out.append(f"- Note: {note}")
     for note in cand["engine"].get("notes", []):  # what the candidate's engine really ran (e.g. emulated GEMMs)
         out.append(f"- Engine: {note}")
     out += ["", "## Checks", "", *checks_table(v["checks"]), ""]
-    fails = [c for c in v["checks"] if c["outcome"] != "pass"]
+    fails = [c for c in v["checks"] if c["outcome"] == "fail"]
     if fails:
         out += ["Why it was rejected:", ""] + [f"- {c['gate']}: {c['reason']}" for c in fails] + [""]
+    blind = [c for c in v["checks"] if c["outcome"] == "uninformative"]
+    if blind:
+        out += ["Uninformative (not a pass: this data cannot show a loss):", ""] + [f"- {c['gate']}/{c['metric']}: {c['reason']}" for c in blind] + [""]
     for name, g in r["gates"].items():
         title, render = SECTIONS.get(name, (name, generic_section))
         out += [f"## {title}", ""]

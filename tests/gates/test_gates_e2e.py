@@ -47,13 +47,21 @@ def exact_gates(tmp_path: Path, name: str) -> dict:
                     "max_ppl_ratio": 1.0, "max_bleu_drop": 0.0, "max_chrf_drop": {"sized": True}},
         "longgen": {"new_tokens": 96, "window": 32, "edge": 32, "max_prompts": 2, "batch_size": 2, "min_late_top1": 1.0,
                     "max_late_kld": 0.0, "max_late_drift": 0.0, "max_seq_rep4_excess": 0.0, "max_judge_nll_excess": 0.0},
+        "depth": {"dataset": str(ROOT / "calib_data/longctx_docs.jsonl"), "ctx": 768, "tokens": 768, "piece": 256,
+                  "min_top1": 1.0, "max_mean_kld": 0.0, "max_p99_kld": 0.0},
+        "retrieval": {"haystack": str(ROOT / "calib_data/longctx_docs.jsonl"), "lengths": [160], "depths": [0.0, 1.0], "trials": 1,
+                      "margin": 0.6, "margin_overall": 0.6, "max_answer_kld": 0.0},
     }, diagnostics=NO_DIAGNOSTICS)
 
 
 def test_identity_passes_all_three_gates_exactly_and_reuses_the_reference(tmp_path, patch_reference):
     code, report, out = gate(tmp_path, exact_gates(tmp_path, "identity-a"))
     assert code == 0, out
-    assert {c["gate"] for c in report["verdict"]["checks"]} == {"agreement", "quality", "longgen"}
+    assert {c["gate"] for c in report["verdict"]["checks"]} == {"agreement", "quality", "longgen", "depth", "retrieval"}
+    assert all(c["outcome"] == "pass" for c in report["verdict"]["checks"]), out
+    dp, rt = report["gates"]["depth"], report["gates"]["retrieval"]
+    assert dp["details"]["divergence"]["first_difference"] is None and dp["measurements"]["mean_kld@512-767"]["value"] == 0.0
+    assert rt["measurements"]["drop"]["value"] == 0.0 and not rt["details"]["flipped"] and rt["details"]["trials"] == 2
     q, lg = report["gates"]["quality"], report["gates"]["longgen"]
     assert q["measurements"]["ppl_ratio"]["value"] == 1.0 and q["measurements"]["ppl_ratio"]["stderr"] == 0.0
     assert q["details"]["ppl"]["positions"] == 4 * 255  # gate 1's positions: 4 chunks × (512/2 − 1)
@@ -72,6 +80,10 @@ def test_identity_passes_all_three_gates_exactly_and_reuses_the_reference(tmp_pa
     assert not lg["details"]["reference_generation"]["cached"]
     md = (tmp_path / "reports/identity-a/report.md").read_text()
     assert "Gate 2 — perplexity and BLEU/chrF" in md and "Gate 3 — long-generation stability" in md
+    assert "Gate 1 at depth — long context" in md and "The candidate reproduces the reference at every depth." in md
+    assert "Retrieval matrix — context length × needle depth" in md
+    html = (tmp_path / "reports/identity-a/report.html").read_text()
+    assert 'alt="reference accuracy"' in html and 'alt="accuracy difference"' in html and 'alt="KLD by depth"' in html
 
     # a second candidate under the same report folder: the reference does not generate again
     code, report_b, out = gate(tmp_path, exact_gates(tmp_path, "identity-b"))

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import math
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -16,7 +17,8 @@ from qval.errors import ConfigError
 from qval.gates import GateContext
 from qval.gates.longgen import _sized, edges, health, run, thresholds
 from qval.metrics.text import seq_rep_n
-from qval.verdict import decide
+from qval.metrics.estimate import Estimate
+from qval.verdict import GateResult, decide
 
 from .fakes import EOS, HIGH, KLD_MISMATCH, LOW, FakeEngine, FakeTokenizer, collapse_after, walk
 
@@ -41,7 +43,7 @@ def test_identical_candidate_has_exactly_zero_drift(tmp_path: Path) -> None:
     assert r.status == "ok", r.error
     m = {k: v.value for k, v in r.measurements.items()}
     assert m == {"late_top1": 1.0, "early_top1": 1.0, "late_kld": 0.0, "early_kld": 0.0, "late_drift": 0.0, "top1_drift": 0.0,
-                 "seq_rep4_excess": 0.0, "judge_nll_excess": 0.0, "loops_excess": 0.0}
+                 "seq_rep4_excess": 0.0, "judge_nll_excess": 0.0, "loops_excess": 0.0, "tf_late_seq_rep4": 0.0}
     d = r.details
     assert [(w["start"], w["end"]) for w in d["windows"]] == [(0, 16), (16, 32), (32, 48), (48, 64)]
     assert all(p["first_divergence"] is None for p in d["per_prompt"])
@@ -127,21 +129,11 @@ def test_edges_and_health_on_planted_sequences() -> None:
 
 
 def test_sized_thresholds_worked_numbers() -> None:
-    z = {"kld_sigma": 0.05, "top1_sigma": 0.04, "early_top1": 0.9, "early_kld": 0.01, "prompts": 8,
-         "ref_late_seq_rep4_sigma": 0.2, "ref_late_nll_sigma": 0.5, "ref_loop_rate": 0.25, "ref_eos_rate": 0.0}
+    z = {"prompts": 8, "ref_late_seq_rep4_sigma": 0.2, "ref_late_nll_sigma": 0.5, "ref_loop_rate": 0.25, "ref_eos_rate": 0.0}
     s = Sized()
-    # drift: σ of the per-prompt KLD means 0.05, n = 8 prompts: sqrt(2·0.0025/8) = 0.025;
-    # threshold 1.6448536·0.025 = 0.04112134; θ = 2.4864748·0.025 = 0.06216187
-    t = _sized("late_drift", s, z)
-    assert t.limit == pytest.approx(0.04112134, abs=1e-7) and t.min_detectable_effect == pytest.approx(0.06216187, abs=1e-7)
-    # late KLD: the same margin above the candidate's own early KLD
-    assert _sized("late_kld", s, z).limit == pytest.approx(0.01 + 0.04112134, abs=1e-7)
-    # late top-1: σ 0.04, sqrt(2·0.0016/8) = 0.02; 0.9 − 1.6448536·0.02 = 0.86710293
-    t = _sized("late_top1", s, z)
-    assert t.op == "min" and t.limit == pytest.approx(0.86710293, abs=1e-7)
-    # what it detects is a fall below the early top-1: 0.9 − 2.4864748·0.02 = 0.85027050
-    assert t.detectable == pytest.approx(0.85027050, abs=1e-7)
-    assert _sized("late_drift", s, z).detectable == pytest.approx(0.06216187, abs=1e-7)
+    # judge NLL excess: the reference's own σ 0.5, n = 8: sqrt(2·0.25/8) = 0.25; 1.6448536·0.25 = 0.4112134
+    t = _sized("judge_nll_excess", s, z)
+    assert t.limit == pytest.approx(0.4112134, abs=1e-7) and t.detail["sized_from"] == "the reference's own spread"
     # seq-rep-4 excess: sqrt(2·0.04/8) = 0.1; threshold 0.16448536
     assert _sized("seq_rep4_excess", s, z).limit == pytest.approx(0.16448536, abs=1e-7)
     # loops: σ = sqrt(0.25·0.75) = 0.4330127; sqrt(2·0.1875/8) = 0.21650635 (a rate); × 8 prompts:
@@ -165,6 +157,51 @@ def test_config_rules() -> None:
         parse_config({**base, "gates": {**base["gates"], "longgen": {"new_tokens": 128, "window": 64}}}, "x.yaml")
     with pytest.raises(ConfigError, match="max_loops_excess = 1.5: must be a whole number"):
         parse_config({**base, "gates": {**base["gates"], "longgen": {"max_loops_excess": 1.5}}}, "x.yaml")
-    cfg = parse_config({**base, "gates": {**base["gates"], "longgen": {"max_late_drift": {"sized": True, "beta": 0.1}}}}, "x.yaml")
-    assert cfg.gates.longgen.max_late_drift.beta == 0.1 and isinstance(cfg.gates.longgen.max_loops_excess, Sized)
+    cfg = parse_config({**base, "gates": {**base["gates"], "longgen": {"max_judge_nll_excess": {"sized": True, "beta": 0.1}}}}, "x.yaml")
+    assert cfg.gates.longgen.max_judge_nll_excess.beta == 0.1 and isinstance(cfg.gates.longgen.max_loops_excess, Sized)
+    # the candidate-vs-reference figures cannot be sized: their only spread is the candidate's own
+    for key in ("min_late_top1", "max_late_kld", "max_late_drift"):
+        with pytest.raises(ConfigError, match=f"{key} = .*cannot be sized: the only spread it could be sized from is the candidate's own"):
+            parse_config({**base, "gates": {**base["gates"], "longgen": {key: {"sized": True}}}}, "x.yaml")
+
+
+def _result_with_noise(noise: float) -> Any:
+    """A gate-3 result whose candidate figures spread by `noise` across 8 prompts (the reference's
+    own figures, which size the health limits, stay the same)."""
+    from qval.metrics import mean_estimate
+
+    rng = np.random.default_rng(0)
+    spread = rng.standard_normal(8) * noise
+    m = {"late_top1": mean_estimate(0.99 - np.abs(spread)), "late_kld": mean_estimate(0.01 + np.abs(spread)),
+         "late_drift": mean_estimate(spread), "seq_rep4_excess": mean_estimate(spread), "judge_nll_excess": mean_estimate(spread),
+         "loops_excess": Estimate(0.0, n=8)}
+    sizing = {"prompts": 8, "ref_late_seq_rep4_sigma": 0.05, "ref_late_nll_sigma": 0.1, "ref_loop_rate": 0.25, "ref_eos_rate": 0.0}
+    return GateResult("longgen", "ok", m, {"sizing": sizing})
+
+
+def test_a_noisier_candidate_never_gets_a_looser_limit() -> None:
+    """Property: for every gate-3 check, the limit does not move with the candidate's noise, and the
+    side of the figure that meets it (the interval's bound for candidate-vs-reference figures)
+    only gets closer to failing as the candidate gets noisier."""
+    base = {"name": "x", "quant": {"format": "none"}, "gates": {"agreement": {"min_top1": 0.5}, "longgen": {
+        "min_late_top1": 0.9, "max_late_kld": 0.2, "max_late_drift": 0.1, "max_seq_rep4_excess": {"sized": True},
+        "max_judge_nll_excess": {"sized": True}, "max_loops_excess": {"sized": True}}}}
+    cfg = parse_config(base, "x.yaml")
+    slack_before: dict[str, float] | None = None
+    limits_before: dict[str, float] | None = None
+    for noise in (0.0, 0.01, 0.03, 0.1):
+        r = _result_with_noise(noise)
+        ts = thresholds(cfg, r)
+        limits = {t.metric: t.limit for t in ts}
+        checks = {c.metric: c for c in decide({"longgen": r}, ts).checks}
+        slack = {}
+        for t in ts:
+            c = checks[t.metric]
+            met = c.value if t.on == "value" else (c.hi if t.on == "hi" else c.lo)
+            slack[t.metric] = (t.limit - met) if t.op == "max" else (met - t.limit)
+        if limits_before is not None:
+            assert limits == limits_before  # nothing the candidate does moves a limit
+            for k in ("late_top1", "late_kld", "late_drift"):  # bound-checked: noise only eats slack
+                assert slack[k] <= slack_before[k] + 1e-12, (k, noise)
+        limits_before, slack_before = limits, slack
     assert LOW < 0 < HIGH  # the fake model's logits have the shape the closed forms assume

@@ -1,0 +1,208 @@
+"""The retrieval matrix — context length × needle depth, both models, paired per trial.
+
+Each trial (`needles.py`) is a long prompt whose answer is a six-digit pass code hidden in it.
+Both engines score the prompt followed by the true code piece by piece through their KV caches
+(a quantized KV cache holds the whole haystack when the code is read back), so one pass per
+model gives both the greedy exact-match mark (every code token is the model's argmax, and the
+number ends there) and the candidate's KLD/top-1 on the answer tokens. Trials whose marks differ
+are then decoded greedily by both models, so the report lists what each actually answered.
+
+The rule is non-inferiority per length and pooled: the one-sided (1 − α) upper bound of the
+accuracy drop (Newcombe's paired interval) must not exceed the margin. A length the reference
+itself cannot solve (accuracy below `min_reference_accuracy`) is "uninformative", never a pass.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import numpy as np
+import torch
+
+from ..config import GateConfig
+from ..data import dataset_identity, load_dataset, token_stream
+from ..metrics import mean_estimate
+from ..metrics.estimate import Estimate
+from ..metrics.paired import PairedCounts, noninferiority, paired_counts, wilson_interval
+from ..metrics.tokens import first_nonfinite, token_stats
+from ..progress import SILENT
+from ..verdict import GateResult, Threshold
+from ..errors import DataError
+from . import GATES, GateContext, GateSpec, max_positions
+from .needles import Trial, build_trials, starts_with_digit
+
+ANSWER_TOKENS = 10  # greedy tokens decoded to show a discordant trial's answers
+
+
+def trials_for(ctx: GateContext) -> tuple[list[Trial], dict[str, Any]]:
+    g = ctx.config.gates.retrieval
+    ds = load_dataset(g.haystack, ctx.config.resolve(g.haystack))
+    stream = token_stream(ds.texts(), ctx.tokenizer, ctx.tokenizer.eos_token_id)
+    trials = build_trials(ctx.tokenizer, stream, g.lengths, g.depths, g.trials, ctx.config.seed)
+    info = {"haystack": g.haystack, "haystack_tokens": len(stream), "lengths": g.lengths, "depths": g.depths,
+            "trials_per_cell": g.trials, "trials": len(trials), "piece": g.piece,
+            "rendering": "chat_template" if getattr(ctx.tokenizer, "chat_template", None) else "raw"}
+    return trials, info
+
+
+def mark(tokenizer: Any, logits: torch.Tensor, trial: Trial) -> tuple[bool, int | None]:
+    """Exact match of greedy decoding from teacher-forced logits over the answer positions
+    ([len(answer), V], row j predicts answer token j): right when each code token is the argmax
+    and the next choice does not continue the number. Returns (right, first wrong answer token)."""
+    top = logits.argmax(dim=-1).tolist()
+    for j in range(trial.code_tokens):
+        if top[j] != trial.answer[j]:
+            return False, j
+    if starts_with_digit(tokenizer, top[trial.code_tokens]):
+        return False, trial.code_tokens
+    return True, None
+
+
+def score(ctx: GateContext, trial: Trial, piece: int) -> dict[str, Any]:
+    """One pass per model over prompt + true answer; figures on the answer positions only."""
+    ids = trial.prompt + trial.answer
+    first = len(trial.prompt) - 1  # the logits row that predicts the first answer token
+    x = torch.tensor([ids])
+    keep_r, keep_c, start = [], [], 0
+    for lr, lc in zip(ctx.reference.logits_pieces(x, piece), ctx.candidate.logits_pieces(x, piece)):
+        end = start + lr.shape[1]
+        lo, hi = max(start, first), min(end, len(ids) - 1)
+        if lo < hi:
+            keep_r.append(lr[0, lo - start : hi - start].float())
+            keep_c.append(lc[0, lo - start : hi - start].float())
+        start = end
+        del lr, lc
+    lr, lc = torch.cat(keep_r), torch.cat(keep_c)
+    s = token_stats(lr, lc, torch.tensor(trial.answer))
+    ref_right, ref_wrong_at = mark(ctx.tokenizer, lr, trial)
+    cand_right, cand_wrong_at = mark(ctx.tokenizer, lc, trial)
+    code = slice(0, trial.code_tokens)
+    return {**trial.describe(), "ref_right": ref_right, "cand_right": cand_right,
+            "ref_first_wrong": ref_wrong_at, "cand_first_wrong": cand_wrong_at,
+            "answer_kld": float(s["kld"][code].mean()), "answer_top1": float(s["top1"][code].float().mean()),
+            "finite_ref": bool(s["finite_ref"].all()), "finite_cand": bool(s["finite_cand"].all())}
+
+
+def run(ctx: GateContext) -> GateResult:
+    t0 = time.perf_counter()
+    g = ctx.config.gates.retrieval
+    if (limit := max_positions(ctx)) is not None and max(g.lengths) + 16 > limit:
+        raise DataError(f"gates.retrieval.lengths: {max(g.lengths)} tokens and the answer do not fit the model's {limit} "
+                        f"positions (max_position_embeddings); use lengths <= {limit - 16}.")
+    trials, info = trials_for(ctx)
+    rows = []
+    with (ctx.progress or SILENT).task(f"retrieval matrix: {len(trials)} trials, up to {max(g.lengths)} tokens", len(trials)) as advance:
+        for i, t in enumerate(trials):
+            r = score(ctx, t, g.piece)
+            if not r["finite_ref"]:
+                return GateResult("retrieval", "error", details=info, seconds=time.perf_counter() - t0,
+                                  error=f"the REFERENCE produced non-finite logits on retrieval trial {i} (length {t.length}, depth {t.depth})")
+            if not r["finite_cand"]:
+                return GateResult("retrieval", "nonfinite", details=info, seconds=time.perf_counter() - t0,
+                                  error=f"the candidate produced non-finite logits on retrieval trial {i} (length {t.length}, depth {t.depth})")
+            rows.append(r)
+            advance(1)
+    flipped = [i for i, r in enumerate(rows) if r["ref_right"] != r["cand_right"]]
+    if flipped:  # what each model actually answers, by greedy decoding through its KV cache
+        prompts = [trials[i].prompt for i in flipped]
+        ref_gen = ctx.reference.generate(prompts, ANSWER_TOKENS, suppress_eos=False, batch_size=1)
+        cand_gen = ctx.candidate.generate(prompts, ANSWER_TOKENS, suppress_eos=False, batch_size=1)
+        for k, i in enumerate(flipped):
+            rows[i]["ref_answer"] = ctx.tokenizer.decode(ref_gen.tokens[k], skip_special_tokens=True)
+            rows[i]["cand_answer"] = ctx.tokenizer.decode(cand_gen.tokens[k], skip_special_tokens=True)
+    return summarize(ctx.config, rows, info, time.perf_counter() - t0)
+
+
+def _wilson(k: int, n: int) -> dict[str, Any]:
+    lo, hi = wilson_interval(k, n)
+    return {"value": k / n if n else float("nan"), "lo": lo, "hi": hi, "n": n}
+
+
+def _drop(c: PairedCounts, g: Any, margin: float | None) -> dict[str, Any]:
+    # the margin changes only the pass/fail, which `thresholds` decides; 1.0 stands in when none is set
+    return noninferiority(c, margin if margin is not None else 1.0, alpha=g.alpha, beta=g.beta)
+
+
+def summarize(cfg: GateConfig, rows: list[dict[str, Any]], info: dict[str, Any], seconds: float) -> GateResult:
+    g = cfg.gates.retrieval
+    measurements: dict[str, Estimate] = {}
+    lengths, cells = [], []
+    for L in g.lengths:
+        at = [r for r in rows if r["length"] == L]
+        c = paired_counts([r["ref_right"] for r in at], [r["cand_right"] for r in at])
+        ni = _drop(c, g, g.margin)
+        measurements[f"drop@{L}"] = Estimate(ni["drop"], None, ni["lo"], ni["hi"], c.n)
+        lengths.append({"length": L, "counts": c.to_dict(), "n": c.n, "ref": _wilson(c.ref_correct, c.n),
+                        "cand": _wilson(c.cand_correct, c.n), "drop": ni, "mean_prompt_tokens": float(np.mean([r["prompt_tokens"] for r in at]))})
+        for d in g.depths:
+            here = [r for r in at if r["depth"] == d]
+            cells.append({"length": L, "depth": d, "n": len(here), "ref_right": sum(r["ref_right"] for r in here),
+                          "cand_right": sum(r["cand_right"] for r in here)})
+    c_all = paired_counts([r["ref_right"] for r in rows], [r["cand_right"] for r in rows])
+    ni_all = _drop(c_all, g, g.margin_overall)
+    measurements["drop"] = Estimate(ni_all["drop"], None, ni_all["lo"], ni_all["hi"], c_all.n)
+    measurements["answer_kld"] = mean_estimate(np.array([r["answer_kld"] for r in rows]))
+    measurements["answer_top1"] = mean_estimate(np.array([r["answer_top1"] for r in rows]))
+    for key, k in (("ref_accuracy", c_all.ref_correct), ("cand_accuracy", c_all.cand_correct)):
+        w = _wilson(k, c_all.n)
+        measurements[key] = Estimate(w["value"], None, w["lo"], w["hi"], c_all.n)
+    flips = [r for r in rows if r["ref_right"] != r["cand_right"]]
+    details = {**info, "per_length": lengths, "cells": cells, "overall": {"counts": c_all.to_dict(), "drop": ni_all},
+               "flipped": flips, "rows": rows, "alpha": g.alpha, "beta": g.beta,
+               "interval": f"Newcombe paired, two-sided {1 - 2 * g.alpha:.0%} (its upper end is the one-sided {1 - g.alpha:.0%} bound)"}
+    return GateResult("retrieval", "ok", measurements=measurements, details=details, seconds=seconds)
+
+
+def _informative(cfg: GateConfig, result: GateResult | None, length: int | None) -> tuple[bool, str | None]:
+    """A length (or the pooled matrix, `length` None) is informative when the REFERENCE solves at
+    least `min_reference_accuracy` of its trials: a task the reference cannot do shows no loss."""
+    g = cfg.gates.retrieval
+    if result is None or result.status != "ok":
+        return True, None  # the check fails for the missing result, as any other
+    if length is None:
+        c = PairedCounts(**result.details["overall"]["counts"])
+    else:
+        c = next(PairedCounts(**x["counts"]) for x in result.details["per_length"] if x["length"] == length)
+    acc = c.ref_correct / c.n if c.n else 0.0
+    if acc >= g.min_reference_accuracy:
+        return True, None
+    return False, (f"the reference itself answers {c.ref_correct} of {c.n} trials"
+                   f"{'' if length is None else f' at {length} tokens'} (below min_reference_accuracy {g.min_reference_accuracy:g})")
+
+
+def _detectable(result: GateResult | None, key: str, length: int | None) -> float | None:
+    if result is None or result.status != "ok":
+        return None
+    d = result.details["overall"]["drop"] if length is None else next(x["drop"] for x in result.details["per_length"] if x["length"] == length)
+    return d.get("detectable_drop")
+
+
+def thresholds(cfg: GateConfig, result: GateResult | None) -> list[Threshold]:
+    g = cfg.gates.retrieval
+    out = []
+    targets: list[tuple[str, int | None, float | None]] = [(f"drop@{L}", L, g.margin) for L in g.lengths]
+    targets.append(("drop", None, g.margin_overall))
+    for metric, length, margin in targets:
+        if margin is None:
+            continue
+        ok, why = _informative(cfg, result, length)
+        det = _detectable(result, metric, length)
+        where = f"at {length} tokens of context" if length else "over the whole matrix"
+        out.append(Threshold("retrieval", metric, "max", margin,
+                             f"retrieval accuracy drop (reference − candidate) {where}; its one-sided {1 - g.alpha:.0%} "
+                             "upper bound must stay within the margin (non-inferiority)", "absolute", det, on="hi",
+                             informative=ok, why_uninformative=why, detectable=det))
+    if g.max_answer_kld is not None:
+        out.append(Threshold("retrieval", "answer_kld", "max", g.max_answer_kld,
+                             "mean KLD(ref‖cand) on the pass-code tokens (teacher-forced on the true code), nats", on="hi"))
+    return out
+
+
+def inputs(cfg: GateConfig) -> dict[str, Any]:
+    g = cfg.gates.retrieval
+    limits = {"margin", "margin_overall", "max_answer_kld", "min_reference_accuracy", "enabled"}
+    return {"gate": g.model_dump(mode="json", exclude=limits), "data": dataset_identity(g.haystack, cfg.resolve(g.haystack))}
+
+
+GATES.register("retrieval")(GateSpec("retrieval", run, thresholds, inputs, lambda c: c.gates.retrieval.enabled))
