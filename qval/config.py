@@ -446,6 +446,9 @@ class GateConfig(Strict):
     diagnostics: DiagnosticsConfig = Field(default_factory=DiagnosticsConfig)
     fallback: FallbackConfig = Field(default_factory=FallbackConfig)
     seed: int = 0
+    #: the largest fraction of a data budget (calibration samples, gate tokens, prompts) that may be
+    #: missing: less data is a note beside the verdict, more missing is an error (exit 2)
+    max_shortfall: float = Field(0.5, ge=0.0, le=1.0)
     #: folder the config file lives in; relative dataset paths resolve against it first
     source_file: str | None = Field(None, exclude=True)
 

@@ -117,6 +117,16 @@ def load_dataset(spec: str, resolved: Path | None = None) -> Dataset:
     return Dataset(spec=spec, records=records, fingerprint=fingerprint)
 
 
+def read_texts(spec: str, resolved: Path | None = None) -> list[str]:
+    """Every record's text, or a DataError: the file is missing, not UTF-8, a line is not JSON,
+    a record has no text field, or there is no text at all (only blank records)."""
+    ds = load_dataset(spec, resolved)
+    texts = ds.texts()
+    if not any(t.strip() for t in texts):
+        raise DataError(f"{spec}: its {len(texts)} records hold no text (every text field is empty).")
+    return texts
+
+
 def token_stream(texts: Iterable[str], tokenizer: Any, separator: int | None) -> list[int]:
     """Tokenize documents and join them, `separator` (usually EOS) between documents."""
     ids: list[int] = []

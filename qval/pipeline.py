@@ -18,12 +18,13 @@ from typing import Any
 import torch
 
 from .config import GateConfig, QuantFormat
-from .data import chunk, dataset_identity, load_dataset, token_stream
+from .data import chunk, dataset_identity, read_texts, token_stream
 from .errors import DataError
 from .gates import GATES, GateContext
 from .io import atomic_write_json, hash_json, read_json
 from .models import LoadedModel, environment, load_model
 from .progress import SILENT, Progress
+from .shortfall import shortfall
 from .stages import RunDir, Stage
 from .verdict import GateResult, Verdict, decide
 
@@ -81,21 +82,26 @@ class Session:
         return self._ref_engine
 
 
-def calibration_batches(s: Session) -> tuple[list[torch.Tensor], dict[str, Any]]:
-    c = s.config.calibration
-    ds = load_dataset(c.dataset, s.config.resolve(c.dataset))
-    tok = s.reference.tokenizer
-    ids = token_stream(ds.texts(), tok, tok.eos_token_id)
+def calibration_samples(cfg: GateConfig, tokenizer: Any) -> tuple[list[list[int]], dict[str, Any]]:
+    """The calibration windows from the dataset and the tokenizer alone (qval validate runs it too)."""
+    c = cfg.calibration
+    ids = token_stream(read_texts(c.dataset, cfg.resolve(c.dataset)), tokenizer, tokenizer.eos_token_id)
     samples = chunk(ids, c.seq_len, limit=c.samples)
     if not samples:
         raise DataError(f"{c.dataset}: {len(ids)} tokens is less than one sample of seq_len={c.seq_len}.")
+    info = {"dataset": c.dataset, "samples_requested": c.samples, "samples_used": len(samples), "seq_len": c.seq_len,
+            "dataset_tokens": len(ids)}
+    if note := shortfall("calibration.samples", c.samples, len(samples), f"samples of {c.seq_len} tokens", cfg.max_shortfall):
+        info["shortfall"] = note
+    return samples, info
+
+
+def calibration_batches(s: Session) -> tuple[list[torch.Tensor], dict[str, Any]]:
+    c = s.config.calibration
+    samples, info = calibration_samples(s.config, s.reference.tokenizer)
     bs = auto_batch_size(s) if c.batch_size == "auto" else c.batch_size
     batches = [torch.tensor(samples[i : i + bs]) for i in range(0, len(samples), bs)]
-    info = {"dataset": c.dataset, "samples_requested": c.samples, "samples_used": len(samples), "seq_len": c.seq_len,
-            "batch_size": bs, "dataset_tokens": len(ids)}
-    if len(samples) < c.samples:
-        info["shortfall"] = f"asked for {c.samples} samples of {c.seq_len} tokens; the dataset holds {len(samples)}"
-    return batches, info
+    return batches, {**info, "batch_size": bs}
 
 
 def auto_batch_size(s: Session) -> int:

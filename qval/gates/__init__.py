@@ -41,6 +41,12 @@ class GateSpec:
     inputs: Callable[["GateConfig"], dict[str, Any]]
     enabled: Callable[["GateConfig"], bool]
     needs: tuple[str, ...] = ()  # gates whose results this one reads
+    #: (config key, tokens of context one sequence needs), checked against the model's positions
+    context: Callable[["GateConfig"], tuple[str, int]] | None = None
+    #: reads the gate's data files without a model (tokenizer None: open and parse them; with a
+    #: tokenizer: also count them against the budget); returns a shortfall note or None, raises
+    #: DataError for what the gate would refuse. `qval validate` and every command's preflight run it.
+    check: Callable[["GateConfig", Any], str | None] | None = None
 
 
 GATES: Registry[GateSpec] = Registry("gate")
@@ -52,6 +58,18 @@ def max_positions(ctx: GateContext) -> int | None:
     model = getattr(ctx.reference, "model", None)
     n = getattr(getattr(model, "config", None), "max_position_embeddings", None)
     return int(n) if isinstance(n, int) and n > 0 else None
+
+def context_problem(spec: GateSpec, cfg: "GateConfig", limit: int | None) -> str | None:
+    """Why the gate's context does not fit a model of `limit` positions, or None (it fits, or the
+    limit is unknown). The gates check it when they run, the preflight before any model loads."""
+    if spec.context is None or limit is None:
+        return None
+    key, need = spec.context(cfg)
+    if need <= limit:
+        return None
+    return (f"{key}: {need} tokens of context do not fit the model's {limit} positions (max_position_embeddings); "
+            f"use at most {limit}.")
+
 
 from . import agreement  # noqa: E402,F401
 from . import depth  # noqa: E402,F401  (gate 1 at depth: long documents, per depth bucket)

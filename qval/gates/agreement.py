@@ -18,10 +18,11 @@ import numpy as np
 import torch
 
 from ..config import GateConfig
-from ..data import chunk, dataset_identity, load_dataset, token_stream
+from ..data import chunk, dataset_identity, load_dataset, read_texts, token_stream
 from ..errors import DataError
 from ..io import atomic_write
 from ..progress import SILENT
+from ..shortfall import shortfall
 from ..metrics import delta_p_summary, kld_summary, mean_estimate, proportion, quantiles
 from ..metrics.estimate import Estimate
 from ..metrics.tokens import first_nonfinite, token_stats
@@ -44,9 +45,14 @@ def leading_tokens(texts: list[str], tokenizer: Any, separator: int | None, budg
 
 
 def scored_chunks(ctx: GateContext) -> tuple[list[list[int]], dict[str, Any]]:
-    g = ctx.config.gates.agreement
-    ds = load_dataset(g.dataset, ctx.config.resolve(g.dataset))
-    ids, more = leading_tokens(ds.texts(), ctx.tokenizer, ctx.tokenizer.eos_token_id, g.tokens // g.ctx * g.ctx)
+    return chunks_for(ctx.config, ctx.tokenizer)
+
+
+def chunks_for(cfg: GateConfig, tokenizer: Any) -> tuple[list[list[int]], dict[str, Any]]:
+    """The gate's chunks from its dataset and the tokenizer alone (qval validate runs it too)."""
+    g = cfg.gates.agreement
+    ds = load_dataset(g.dataset, cfg.resolve(g.dataset))
+    ids, more = leading_tokens(ds.texts(), tokenizer, tokenizer.eos_token_id, g.tokens // g.ctx * g.ctx)
     chunks = chunk(ids, g.ctx, limit=g.tokens // g.ctx)
     if not chunks:
         raise DataError(f"{g.dataset}: {len(ids)} tokens is less than one chunk of ctx={g.ctx}; give more text or a smaller ctx.")
@@ -54,8 +60,9 @@ def scored_chunks(ctx: GateContext) -> tuple[list[list[int]], dict[str, Any]]:
             "ctx": g.ctx, "scored_per_chunk": g.ctx - g.ctx // 2 - 1}
     if more:
         info["dataset_tokens_note"] = "tokenized up to the requested tokens; the rest of the data set was not read"
-    if len(chunks) * g.ctx < g.tokens:
-        info["shortfall"] = f"asked for {g.tokens} tokens, the dataset holds {len(chunks) * g.ctx} in whole chunks"
+    if note := shortfall("gates.agreement.tokens", g.tokens, len(chunks) * g.ctx, f"tokens in whole chunks of {g.ctx}",
+                         cfg.max_shortfall):
+        info["shortfall"] = note
     return chunks, info
 
 
@@ -149,4 +156,13 @@ def inputs(cfg: GateConfig) -> dict[str, Any]:
             "data": dataset_identity(g.dataset, cfg.resolve(g.dataset))}
 
 
-GATES.register("agreement")(GateSpec("agreement", run, thresholds, inputs, lambda c: c.gates.agreement.enabled))
+def check(cfg: GateConfig, tokenizer: Any) -> str | None:
+    g = cfg.gates.agreement
+    if tokenizer is None:
+        read_texts(g.dataset, cfg.resolve(g.dataset))
+        return None
+    return chunks_for(cfg, tokenizer)[1].get("shortfall")
+
+
+GATES.register("agreement")(GateSpec("agreement", run, thresholds, inputs, lambda c: c.gates.agreement.enabled,
+                                     context=lambda c: ("gates.agreement.ctx", c.gates.agreement.ctx), check=check))

@@ -19,15 +19,16 @@ import numpy as np
 import torch
 
 from ..config import GateConfig
-from ..data import chunk, dataset_identity, load_dataset
+from ..data import chunk, dataset_identity, load_dataset, read_texts
 from ..errors import DataError
 from ..io import atomic_write
 from ..metrics import delta_p_summary, kld_summary, mean_estimate, proportion, quantiles
 from ..metrics.estimate import Estimate
 from ..metrics.tokens import first_nonfinite, token_stats
 from ..progress import SILENT
+from ..shortfall import shortfall
 from ..verdict import GateResult, Threshold
-from . import GATES, GateContext, GateSpec, max_positions
+from . import GATES, GateContext, GateSpec, context_problem, max_positions
 from .agreement import leading_tokens
 
 FIELDS = ("kld", "top1", "p_ref", "p_cand", "nll_ref", "nll_cand")
@@ -60,9 +61,14 @@ def bucket_label(lo: int, hi: int) -> str:
 
 
 def scored_chunks(ctx: GateContext) -> tuple[list[list[int]], dict[str, Any]]:
-    g = ctx.config.gates.depth
-    ds = load_dataset(g.dataset, ctx.config.resolve(g.dataset))
-    ids, more = leading_tokens(ds.texts(), ctx.tokenizer, ctx.tokenizer.eos_token_id, g.tokens // g.ctx * g.ctx)
+    return chunks_for(ctx.config, ctx.tokenizer)
+
+
+def chunks_for(cfg: GateConfig, tokenizer: Any) -> tuple[list[list[int]], dict[str, Any]]:
+    """The gate's long chunks from its dataset and the tokenizer alone (qval validate runs it too)."""
+    g = cfg.gates.depth
+    ds = load_dataset(g.dataset, cfg.resolve(g.dataset))
+    ids, more = leading_tokens(ds.texts(), tokenizer, tokenizer.eos_token_id, g.tokens // g.ctx * g.ctx)
     chunks = chunk(ids, g.ctx, limit=g.tokens // g.ctx)
     if not chunks:
         raise DataError(f"{g.dataset}: {len(ids)} tokens is less than one chunk of ctx={g.ctx}; give longer documents "
@@ -71,8 +77,9 @@ def scored_chunks(ctx: GateContext) -> tuple[list[list[int]], dict[str, Any]]:
             "ctx": g.ctx, "piece": g.piece, "records": len(ds.records)}
     if more:
         info["dataset_tokens_note"] = "tokenized up to the requested tokens; the rest of the data set was not read"
-    if len(chunks) * g.ctx < g.tokens:
-        info["shortfall"] = f"asked for {g.tokens} tokens, the dataset holds {len(chunks) * g.ctx} in whole chunks of {g.ctx}"
+    if note := shortfall("gates.depth.tokens", g.tokens, len(chunks) * g.ctx, f"tokens in whole chunks of {g.ctx}",
+                         cfg.max_shortfall):
+        info["shortfall"] = note
     return chunks, info
 
 
@@ -97,9 +104,8 @@ def score_chunk(ctx: GateContext, ids: list[int], piece: int) -> dict[str, np.nd
 def run(ctx: GateContext) -> GateResult:
     t0 = time.perf_counter()
     g = ctx.config.gates.depth
-    if (limit := max_positions(ctx)) is not None and g.ctx > limit:
-        raise DataError(f"gates.depth.ctx = {g.ctx} is longer than the model's {limit} positions (max_position_embeddings); "
-                        f"use ctx <= {limit}.")
+    if (problem := context_problem(GATES.get("depth"), ctx.config, max_positions(ctx))) is not None:
+        raise DataError(problem)
     chunks, info = scored_chunks(ctx)
     rows: dict[str, list[np.ndarray]] = {f: [] for f in FIELDS}
     with (ctx.progress or SILENT).task(f"gate 1 at depth: {len(chunks)} × {g.ctx} tokens", len(chunks)) as advance:
@@ -215,4 +221,13 @@ def inputs(cfg: GateConfig) -> dict[str, Any]:
             "data": dataset_identity(g.dataset, cfg.resolve(g.dataset))}
 
 
-GATES.register("depth")(GateSpec("depth", run, thresholds, inputs, lambda c: c.gates.depth.enabled))
+def check(cfg: GateConfig, tokenizer: Any) -> str | None:
+    g = cfg.gates.depth
+    if tokenizer is None:
+        read_texts(g.dataset, cfg.resolve(g.dataset))
+        return None
+    return chunks_for(cfg, tokenizer)[1].get("shortfall")
+
+
+GATES.register("depth")(GateSpec("depth", run, thresholds, inputs, lambda c: c.gates.depth.enabled,
+                                 context=lambda c: ("gates.depth.ctx", c.gates.depth.ctx), check=check))

@@ -28,6 +28,7 @@ import torch
 from ..config import GateConfig, Sized
 from ..data import dataset_identity, load_dataset
 from ..errors import DataError
+from ..shortfall import shortfall
 from ..metrics import detect_loop, distinct_n, mean_estimate, seq_rep_n, sized_threshold, windows
 from ..metrics.estimate import Estimate
 from ..metrics.tokens import first_nonfinite, nll_of_targets, token_stats
@@ -41,13 +42,24 @@ LOOP_SPAN = 256  # ... repeating through the last 256
 
 
 def prompt_records(ctx: GateContext) -> list[dict[str, Any]]:
-    g = ctx.config.gates.longgen
-    ds = load_dataset(g.prompts, ctx.config.resolve(g.prompts))
+    return records_for(ctx.config)[0]
+
+
+def records_for(cfg: GateConfig) -> tuple[list[dict[str, Any]], str | None]:
+    """The prompts the gate generates from (the first max_prompts) and a shortfall note when the
+    file holds fewer than max_prompts; no model needed (qval validate runs it too)."""
+    g = cfg.gates.longgen
+    ds = load_dataset(g.prompts, cfg.resolve(g.prompts))
     records = ds.records[: g.max_prompts] if g.max_prompts else ds.records
     for i, r in enumerate(records):
         if not isinstance(r.get("prompt"), str) or not r["prompt"].strip():
             raise DataError(f"{g.prompts}: record {i} needs a non-empty string field 'prompt' (optional: id, lang, kind).")
-    return records
+    note = shortfall("gates.longgen.max_prompts", g.max_prompts, len(records), "prompts", cfg.max_shortfall) if g.max_prompts else None
+    return records, note
+
+
+def check(cfg: GateConfig, tokenizer: Any) -> str | None:
+    return records_for(cfg)[1]
 
 
 def _pieces(engine: Any, ids: list[int], piece: int) -> Any:
@@ -127,7 +139,7 @@ def _count(x: float, n: int) -> Estimate:
 def run(ctx: GateContext) -> GateResult:
     t0 = time.perf_counter()
     g = ctx.config.gates.longgen
-    records = prompt_records(ctx)
+    records, note = records_for(ctx.config)
     prompts, rendering = render_prompts(ctx.tokenizer, [r["prompt"] for r in records])
     settings = GenerationSettings(new_tokens=g.new_tokens, suppress_eos=g.suppress_eos, batch_size=g.batch_size)
     ref = cached_generations(ctx, "longgen", prompts, settings)
@@ -139,6 +151,8 @@ def run(ctx: GateContext) -> GateResult:
     info: dict[str, Any] = {"prompts_file": g.prompts, "prompts": len(prompts), "rendering": rendering, "new_tokens": g.new_tokens,
                             "suppress_eos": g.suppress_eos, "window": g.window, "edge": g.edge, "piece": g.piece,
                             "reference_generation": ref.describe(), "candidate_generation_seconds": round(gen_seconds, 2)}
+    if note:
+        info["shortfall"] = note
     for name, gen in (("reference", ref.generation), ("candidate", cand)):
         bad = [(i, s) for i, s in enumerate(gen.first_nonfinite_step) if s is not None]
         if bad:
@@ -340,4 +354,4 @@ def inputs(cfg: GateConfig) -> dict[str, Any]:
     return {"gate": g.model_dump(mode="json", exclude=limits), "data": dataset_identity(g.prompts, cfg.resolve(g.prompts))}
 
 
-GATES.register("longgen")(GateSpec("longgen", run, thresholds, inputs, lambda c: c.gates.longgen.enabled))
+GATES.register("longgen")(GateSpec("longgen", run, thresholds, inputs, lambda c: c.gates.longgen.enabled, check=check))

@@ -172,8 +172,13 @@ def score_language(lang: str, refs: list[str], ref_hyps: list[str], cand_hyps: l
 
 
 def bleu_records(ctx: GateContext) -> list[dict[str, str]]:
-    g = ctx.config.gates.quality
-    ds = load_dataset(g.bleu_dataset, ctx.config.resolve(g.bleu_dataset))
+    return records_for(ctx.config)
+
+
+def records_for(cfg: GateConfig) -> list[dict[str, str]]:
+    """The BLEU prompts, each with prompt, reference and lang; no model needed (qval validate runs it too)."""
+    g = cfg.gates.quality
+    ds = load_dataset(g.bleu_dataset, cfg.resolve(g.bleu_dataset))
     for i, r in enumerate(ds.records):
         bad = [k for k in ("prompt", "reference", "lang") if not isinstance(r.get(k), str) or not r[k].strip()]
         if bad:
@@ -301,4 +306,10 @@ def inputs(cfg: GateConfig) -> dict[str, Any]:
     return out
 
 
-GATES.register("quality")(GateSpec("quality", run, thresholds, inputs, lambda c: c.gates.quality.enabled, needs=("agreement",)))
+def check(cfg: GateConfig, tokenizer: Any) -> str | None:
+    records_for(cfg)
+    return None
+
+
+GATES.register("quality")(GateSpec("quality", run, thresholds, inputs, lambda c: c.gates.quality.enabled, needs=("agreement",),
+                                   check=check))

@@ -21,7 +21,7 @@ import numpy as np
 import torch
 
 from ..config import GateConfig
-from ..data import dataset_identity, load_dataset, token_stream
+from ..data import dataset_identity, load_dataset, read_texts, token_stream
 from ..metrics import mean_estimate
 from ..metrics.estimate import Estimate
 from ..metrics.paired import PairedCounts, noninferiority, paired_counts, wilson_interval
@@ -29,20 +29,26 @@ from ..metrics.tokens import first_nonfinite, token_stats
 from ..progress import SILENT
 from ..verdict import GateResult, Threshold
 from ..errors import DataError
-from . import GATES, GateContext, GateSpec, max_positions
+from . import GATES, GateContext, GateSpec, context_problem, max_positions
 from .needles import Trial, build_trials, starts_with_digit
 
 ANSWER_TOKENS = 10  # greedy tokens decoded to show a discordant trial's answers
 
 
 def trials_for(ctx: GateContext) -> tuple[list[Trial], dict[str, Any]]:
-    g = ctx.config.gates.retrieval
-    ds = load_dataset(g.haystack, ctx.config.resolve(g.haystack))
-    stream = token_stream(ds.texts(), ctx.tokenizer, ctx.tokenizer.eos_token_id)
-    trials = build_trials(ctx.tokenizer, stream, g.lengths, g.depths, g.trials, ctx.config.seed)
+    return trials_from(ctx.config, ctx.tokenizer)
+
+
+def trials_from(cfg: GateConfig, tokenizer: Any) -> tuple[list[Trial], dict[str, Any]]:
+    """Every trial of the matrix from the haystack and the tokenizer alone (qval validate runs it too):
+    all lengths × depths × trials, or a DataError; the matrix is never silently smaller."""
+    g = cfg.gates.retrieval
+    ds = load_dataset(g.haystack, cfg.resolve(g.haystack))
+    stream = token_stream(ds.texts(), tokenizer, tokenizer.eos_token_id)
+    trials = build_trials(tokenizer, stream, g.lengths, g.depths, g.trials, cfg.seed)
     info = {"haystack": g.haystack, "haystack_tokens": len(stream), "lengths": g.lengths, "depths": g.depths,
             "trials_per_cell": g.trials, "trials": len(trials), "piece": g.piece,
-            "rendering": "chat_template" if getattr(ctx.tokenizer, "chat_template", None) else "raw"}
+            "rendering": "chat_template" if getattr(tokenizer, "chat_template", None) else "raw"}
     return trials, info
 
 
@@ -87,9 +93,8 @@ def score(ctx: GateContext, trial: Trial, piece: int) -> dict[str, Any]:
 def run(ctx: GateContext) -> GateResult:
     t0 = time.perf_counter()
     g = ctx.config.gates.retrieval
-    if (limit := max_positions(ctx)) is not None and max(g.lengths) + 16 > limit:
-        raise DataError(f"gates.retrieval.lengths: {max(g.lengths)} tokens and the answer do not fit the model's {limit} "
-                        f"positions (max_position_embeddings); use lengths <= {limit - 16}.")
+    if (problem := context_problem(GATES.get("retrieval"), ctx.config, max_positions(ctx))) is not None:
+        raise DataError(problem)
     trials, info = trials_for(ctx)
     rows = []
     with (ctx.progress or SILENT).task(f"retrieval matrix: {len(trials)} trials, up to {max(g.lengths)} tokens", len(trials)) as advance:
@@ -205,4 +210,15 @@ def inputs(cfg: GateConfig) -> dict[str, Any]:
     return {"gate": g.model_dump(mode="json", exclude=limits), "data": dataset_identity(g.haystack, cfg.resolve(g.haystack))}
 
 
-GATES.register("retrieval")(GateSpec("retrieval", run, thresholds, inputs, lambda c: c.gates.retrieval.enabled))
+def check(cfg: GateConfig, tokenizer: Any) -> str | None:
+    g = cfg.gates.retrieval
+    if tokenizer is None:
+        read_texts(g.haystack, cfg.resolve(g.haystack))
+    else:
+        trials_from(cfg, tokenizer)  # every cell of the matrix can be built, or a DataError says why not
+    return None
+
+
+GATES.register("retrieval")(GateSpec("retrieval", run, thresholds, inputs, lambda c: c.gates.retrieval.enabled,
+                                     context=lambda c: ("gates.retrieval.lengths (the longest and 16 answer tokens)",
+                                                        max(c.gates.retrieval.lengths) + 16), check=check))
