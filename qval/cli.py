@@ -105,29 +105,24 @@ def _load(config: Path):  # noqa: ANN202 - the config type is imported lazily
     return load_config(config)
 
 
+def _checked(config: Path):  # noqa: ANN202
+    """The config, loaded and preflighted (qval/preflight.py): a run that cannot finish stops here,
+    before any model loads; shortfall notes go to stderr."""
+    from .preflight import preflight
+
+    cfg = _load(config)
+    for note in preflight(cfg):
+        print(f"qval: warning: shortfall: {note}", file=sys.stderr)
+    return cfg
+
+
 @app.command()
 @user_errors
 def validate(config: Path = ConfigOpt) -> int:
-    """Check a config (keys, values, data files, model location) without loading a model."""
-    cfg = _load(config)
-    from .data import dataset_identity
-    from .engines import engine_identity
-    from .errors import QvalError
-    from .gates import GATES
-    from .models import locate
-
-    checks = [lambda: locate(cfg.model),  # the model can be found
-              lambda: engine_identity(cfg),  # a checkpoint candidate's folder and weight files
-              lambda: dataset_identity(cfg.calibration.dataset, cfg.resolve(cfg.calibration.dataset))]
-    checks += [functools.partial(spec.inputs, cfg) for spec in GATES.ordered() if spec.enabled(cfg)]  # gate data
-    problems = []
-    for check in checks:
-        try:
-            check()
-        except QvalError as e:
-            problems.append(str(e))
-    if problems:
-        raise QvalError("\n".join(dict.fromkeys(problems)))
+    """Check a config without loading a model: keys and values, every data file it names (parsed),
+    format × backend × device, each gate's context against the model's positions (from its config),
+    and the data against each budget (tokenizer only). `gate` runs the same checks first."""
+    cfg = _checked(config)
     print(f"{config}: valid ({cfg.name}: {cfg.quant.format.value} weights, KV cache {cfg.quant.kv_cache.value}, engine {cfg.engine.backend})")
     return 0
 
@@ -136,7 +131,7 @@ def validate(config: Path = ConfigOpt) -> int:
 @user_errors
 def calibrate(config: Path = ConfigOpt, out: Optional[str] = OutOpt, quiet: bool = QuietOpt) -> int:
     """Calibrate the candidate and save its quantizer state (reused by gate/build/diagnose)."""
-    cfg = _load(config)
+    cfg = _checked(config)
     from .pipeline import RunDir, Session, calibrate as run_calibration, expand_alphas
     from .progress import Progress
 
@@ -162,7 +157,7 @@ def gate(config: Path = ConfigOpt, out: Optional[str] = OutOpt, quiet: bool = Qu
          fail_fast: bool = FailFastOpt) -> int:
     """Calibrate, build and gate one candidate; write report.json/.md/.html and layers.csv; exit 0/1/2.
     With --fallback auto, exit 0 means a passing configuration was found (written as fallback.yaml)."""
-    cfg = _load(config)
+    cfg = _checked(config)
     from .pipeline import expand_alphas, run_gate
     from .progress import Progress
 
@@ -224,7 +219,7 @@ def print_fallback(outcome) -> None:  # noqa: ANN001
 def diagnose(config: Path = ConfigOpt, out: Optional[str] = OutOpt, quiet: bool = QuietOpt) -> int:
     """Per-layer scale diagnostics and the sensitivity ranking, no gates: layers.csv, diagnostics.json
     and diagnostics.html in the run folder (a gate report holds the same section)."""
-    cfg = _load(config)
+    cfg = _checked(config)
     from .diagnostics.stage import diagnose_run
     from .pipeline import expand_alphas
     from .progress import Progress
@@ -296,9 +291,22 @@ def print_summary(r) -> None:  # noqa: ANN001
     v = r.verdict
     blind = f", {len(v.uninformative)} uninformative" if v.uninformative else ""
     print(f"\n{r.config.name}: {'APPROVE' if v.approved else 'REJECT'}  ({len(v.failures)} of {len(v.checks)} checks failed{blind})")
+    for note in shortfalls(r.report):
+        print(f"  shortfall: {note}")
     for c in v.checks:
         print(f"  [{ {'pass': 'pass', 'uninformative': 'uninformative'}.get(c.outcome, 'FAIL') }] {c.gate}/{c.metric}: {c.reason}")
     print(f"  report: {r.run_dir / 'report.md'}")
+
+
+def shortfalls(report: dict) -> list[str]:
+    """Every budget the run scored less of than configured (calibration, each gate), as the
+    stages recorded it: the verdict rests on less data than the config asked for."""
+    calib = ((report.get("calibration") or {}).get("calibration") or {}).get("shortfall")
+    notes = [f"calibration: {calib}"] if calib else []
+    for name, g in (report.get("gates") or {}).items():
+        if (note := (g.get("details") or {}).get("shortfall")):
+            notes.append(f"gate {name}: {note}")
+    return notes
 
 
 def main() -> None:

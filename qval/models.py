@@ -152,6 +152,46 @@ def locate(cfg: ModelConfig) -> tuple[str, dict[str, Any], str, str]:
     return cfg.hub, {"revision": cfg.revision} if cfg.revision else {}, cfg.hub, hash_json([cfg.hub, cfg.revision])
 
 
+def _gguf_context_length(path: Path) -> int | None:
+    """`<arch>.context_length` from a GGUF file's metadata (what transformers maps to
+    max_position_embeddings), read without its tensors."""
+    try:
+        import gguf
+    except ImportError:  # pragma: no cover - transformers' GGUF loader needs it as well
+        return None
+    try:
+        reader = gguf.GGUFReader(str(path))
+        arch = bytes(reader.fields["general.architecture"].parts[-1]).decode()
+        field = reader.fields.get(f"{arch}.context_length")
+        return int(field.parts[-1][0]) if field is not None else None
+    except (KeyError, ValueError, OSError, IndexError) as err:
+        raise ModelError(f"{path}: not a readable GGUF file ({type(err).__name__}: {err}).") from None
+
+
+def max_positions_of(cfg: ModelConfig) -> int | None:
+    """The reference's maximum positions (max_position_embeddings) from its config alone, no
+    weights loaded; None when the config does not say (or a hub model is not in the local cache)."""
+    if cfg.source in ("default", "gguf"):
+        return _gguf_context_length(default_gguf_path() if cfg.source == "default" else Path(cfg.gguf).expanduser())
+    if cfg.source == "path":
+        path = Path(cfg.path).expanduser() / "config.json"
+        try:
+            config = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, ValueError) as err:
+            raise ModelError(f"{path}: not readable JSON ({err}); fix or replace the model's config.json.") from None
+    else:
+        try:
+            from transformers import AutoConfig
+
+            config = AutoConfig.from_pretrained(cfg.hub, revision=cfg.revision, local_files_only=True,
+                                                trust_remote_code=cfg.trust_remote_code).to_dict()
+        except Exception:  # noqa: BLE001 - not cached here: the limit is checked once the model loads
+            return None
+    config = config.get("text_config") or config
+    n = config.get("max_position_embeddings", config.get("n_positions"))
+    return int(n) if isinstance(n, int) and n > 0 else None
+
+
 def load_tokenizer(cfg: ModelConfig) -> Any:
     from transformers import AutoTokenizer
 

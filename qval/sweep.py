@@ -207,6 +207,33 @@ def expand(paths: list[Path]) -> list[tuple[GateConfig, float | None]]:
     return out
 
 
+def refuse_unfit(candidates: list[tuple[GateConfig, float | None]], progress: "Progress") -> dict[str, str]:
+    """The preflight of every candidate, before the reference loads: name -> why it cannot run
+    here (reported as that candidate's error; the others still run). When none can run, the
+    sweep stops with every reason. The tokenizer is loaded once: a sweep has one reference."""
+    from .preflight import preflight, reference_tokenizer
+
+    tokenizer = reference_tokenizer(candidates[0][0])
+    refused: dict[str, str] = {}
+    seen: dict[str, str | None] = {}  # preflight inputs -> error, None when the candidate fits
+    for cfg, _ in candidates:
+        inputs = cfg.model_dump(mode="json", exclude={"name"})
+        inputs["quant"].pop("smoothquant_alpha", None)  # the alphas of one config share one preflight
+        key = hash_json(inputs)
+        if key not in seen:
+            try:
+                for note in preflight(cfg, tokenizer=tokenizer):
+                    progress.log(f"{cfg.name}: shortfall: {note}")
+                seen[key] = None
+            except QvalError as err:
+                seen[key] = str(err)
+        if seen[key] is not None:
+            refused[cfg.name] = seen[key]
+    if len(refused) == len(candidates):
+        raise QvalError("no candidate of the sweep can run here:\n" + "\n".join(f"{n}: {e}" for n, e in refused.items()))
+    return refused
+
+
 def run_sweep(paths: list[Path], progress: "Progress", out_dir: str | None = None, context: int = 4096, batch: int = 1,
               reference: "LoadedModel | None" = None, fail_fast: bool = False) -> SweepResult:
     """Gate every candidate against one loaded reference; write sweep.json and sweep.md."""
@@ -215,6 +242,7 @@ def run_sweep(paths: list[Path], progress: "Progress", out_dir: str | None = Non
 
     candidates = expand(paths)
     folder = Path(out_dir or candidates[0][0].report.dir)
+    refused = refuse_unfit(candidates, progress)
     if reference is None:
         progress.log(f"loading the reference once for {len(candidates)} candidates …")
         reference = load_model(candidates[0][0].model)
@@ -224,7 +252,10 @@ def run_sweep(paths: list[Path], progress: "Progress", out_dir: str | None = Non
         entry = SweepEntry(cfg, alpha, footprint=footprint(cfg, reference.model, context, batch))
         t0 = time.perf_counter()
         try:
-            entry.run = run_gate(cfg, progress, str(folder), alpha, reference=reference, fail_fast=fail_fast)
+            if cfg.name in refused:
+                entry.error = refused[cfg.name]
+            else:
+                entry.run = run_gate(cfg, progress, str(folder), alpha, reference=reference, fail_fast=fail_fast)
         except QvalError as err:  # this candidate cannot run here; the others still can
             entry.error = str(err)
         entry.seconds = time.perf_counter() - t0

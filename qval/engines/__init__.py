@@ -41,5 +41,13 @@ def engine_identity(cfg: "GateConfig") -> dict[str, Any]:
     return identity(cfg) if identity else {}
 
 
+def check_engine(cfg: "GateConfig") -> None:
+    """Whether the backend can build a candidate of this config's format, asked before any model
+    loads (a backend declares `check(cfg)`, raising a QvalError, when some formats are beyond it)."""
+    check = getattr(ENGINES.get(cfg.engine.backend), "check", None)
+    if check:
+        check(cfg)
+
+
 from . import fakequant  # noqa: E402,F401  (registers "fakequant")
 from . import checkpoint, export, realquant, tensorrt_llm  # noqa: E402,F401  (register their names)

@@ -64,3 +64,12 @@ def build_export_engine(ctx: BuildContext) -> ExportEngine:
 
 
 build_export_engine.options_model = ExportOptions  # type: ignore[attr-defined]
+
+
+def check(cfg: Any) -> None:
+    from ..export.formats import check_exportable
+
+    check_exportable(cfg.quant.format.value, f"{cfg.source_file or cfg.name}: engine {cfg.engine.backend}")
+
+
+build_export_engine.check = check  # type: ignore[attr-defined]

@@ -156,6 +156,12 @@ class RealQuantEngine(HFEngine):
         return d
 
 
+def check(cfg: Any) -> None:
+    if cfg.quant.format is QuantFormat.none:
+        raise StageError(f"{cfg.source_file or cfg.name}: engine realquant needs a quantized format; quant.format none has "
+                          "nothing to compress (use engine: {backend: fakequant} for the identity check).")
+
+
 @ENGINES.register("realquant")
 def build_realquant(ctx: BuildContext) -> RealQuantEngine:
     import modelopt.torch.quantization as mtq
@@ -163,9 +169,7 @@ def build_realquant(ctx: BuildContext) -> RealQuantEngine:
 
     from ..quantize.modelopt_adapter import restore_state
 
-    if ctx.config.quant.format is QuantFormat.none:
-        raise StageError("engine realquant needs a quantized format; quant.format none has nothing to compress "
-                         "(use engine: {backend: fakequant} for the identity check).")
+    check(ctx.config)
     if ctx.calib_state is None:
         raise StageError("realquant needs a calibrated state; the calibrate stage did not run")
     register_cuda_fp8()
@@ -190,3 +194,6 @@ def build_realquant(ctx: BuildContext) -> RealQuantEngine:
 
 
 build_realquant.options_model = RealQuantOptions  # type: ignore[attr-defined]
+
+
+build_realquant.check = check  # type: ignore[attr-defined]

@@ -144,3 +144,12 @@ def build_tensorrt_llm(ctx: BuildContext) -> TensorRTLLMEngine:
 
 
 build_tensorrt_llm.options_model = TensorRTLLMOptions  # type: ignore[attr-defined]
+
+
+def check(cfg: Any) -> None:
+    from ..export.formats import check_exportable
+
+    check_exportable(cfg.quant.format.value, f"{cfg.source_file or cfg.name}: engine {cfg.engine.backend}")
+
+
+build_tensorrt_llm.check = check  # type: ignore[attr-defined]

@@ -109,3 +109,13 @@ BY_QUANT_ALGO = {EXPORT_FORMATS.get(n).quant_algo: n for n in EXPORT_FORMATS.nam
 
 #: kv_cache_quant_algo ModelOpt writes for each qval KV-cache setting
 KV_ALGO = {"fp16": None, "fp8": "FP8"}
+
+
+def check_exportable(fmt: str, where: str) -> None:
+    """A ConfigError unless qval can export `fmt` and read it back (its fidelity check decodes only
+    the registered formats, so any other export could never pass)."""
+    from ..errors import ConfigError
+
+    if fmt not in EXPORT_FORMATS:
+        raise ConfigError(f"{where}: quant.format {fmt} cannot be gated as an export: qval exports and reads back "
+                          f"{', '.join(EXPORT_FORMATS.names())}; pick one of those or engine: {{backend: fakequant}}.")
