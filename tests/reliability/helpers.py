@@ -52,3 +52,57 @@ def tiny_calibration(tmp_path: Path) -> dict[str, Any]:
     data.write_text("".join(f'{{"text": "calibration text number {i}, long enough to fill a window of tokens."}}\n'
                             for i in range(8)), encoding="utf-8")
     return {"dataset": str(data), "samples": 2, "seq_len": 64, "batch_size": 2}
+
+
+WORDS = ("alpha bravo charlie delta echo foxtrot golf hotel india juliet kilo lima mike november oscar papa "
+         "quebec romeo sierra tango uniform victor whiskey xray yankee zulu the pass code for locker is question "
+         "what answer with number only amber wren").split()
+
+
+def word_text(n: int, offset: int = 0) -> str:
+    """`n` words of the tiny model's vocabulary: exactly `n` tokens for word_model_folder's tokenizer."""
+    return " ".join(WORDS[(offset + i) % len(WORDS)] for i in range(n))
+
+
+def word_model_folder(folder: Path, max_positions: int = 4096) -> Path:
+    """A model folder the preflight can read in a second: a config.json with `max_positions` and a
+    word-level tokenizer (one token per word of WORDS, digits one each, "</s>" the EOS). No weights:
+    a command that got as far as loading this model fails, which is what the tests need."""
+    import json
+
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {w: i for i, w in enumerate(["[UNK]", "</s>", *WORDS, *"0123456789", ".", "?", ":", ","])}
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
+    tok.pre_tokenizer = pre_tokenizers.Sequence([pre_tokenizers.Whitespace(), pre_tokenizers.Digits(individual_digits=True)])
+    folder.mkdir(parents=True, exist_ok=True)
+    PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="[UNK]", eos_token="</s>").save_pretrained(folder)
+    (folder / "config.json").write_text(json.dumps({"model_type": "llama", "architectures": ["LlamaForCausalLM"],
+                                                    "vocab_size": len(vocab), "max_position_embeddings": max_positions}))
+    return folder
+
+
+def write_jsonl(path: Path, texts: list[str], field: str = "text") -> Path:
+    import json
+
+    path.write_text("".join(json.dumps({field: t}) + "\n" for t in texts), encoding="utf-8")
+    return path
+
+
+def word_config(tmp_path: Path, *, calib_words: int = 4000, agreement_words: int = 2000, **sections: Any) -> dict[str, Any]:
+    """A config on word_model_folder: calibration 4 × 128 tokens, gate 1 1024 tokens in chunks of 128,
+    both data sets big enough; `sections` replace or extend the config's top-level sections."""
+    model = word_model_folder(tmp_path / "model")
+    cfg: dict[str, Any] = {
+        "name": "words",
+        "model": {"source": "path", "path": str(model)},
+        "quant": {"format": "fp8", "kv_cache": "fp16"},
+        "calibration": {"dataset": str(write_jsonl(tmp_path / "calib.jsonl", [word_text(calib_words)])), "samples": 4,
+                        "seq_len": 128, "batch_size": 2},
+        "gates": {"agreement": {"dataset": str(write_jsonl(tmp_path / "heldout.jsonl", [word_text(agreement_words, 7)])),
+                                "tokens": 1024, "ctx": 128, "min_top1": 0.5}},
+    }
+    for k, v in sections.items():
+        cfg[k] = {**cfg[k], **v} if isinstance(cfg.get(k), dict) and isinstance(v, dict) else v
+    return cfg
