@@ -13,7 +13,7 @@ import time
 import pytest
 import torch
 
-from qval import pipeline
+from qval import models, pipeline
 from tests.conftest import write_config
 
 from .helpers import cli, clean_error, word_config, word_text, write_jsonl
@@ -26,6 +26,7 @@ def no_model_load(monkeypatch):
         raise AssertionError("a model was loaded")
 
     monkeypatch.setattr(pipeline, "load_model", refuse)
+    monkeypatch.setattr(models, "load_model", refuse)  # qval sweep loads its reference from here
 
 
 def both_refuse(tmp_path, cfg: dict, *expected: str) -> None:
@@ -166,3 +167,15 @@ def test_a_shortfall_within_the_limit_is_a_warning(tmp_path, no_model_load):
     assert code == 0, out
     assert "qval: warning: shortfall: gates.agreement.tokens: asked for 1024 tokens in whole chunks of 128, " \
            "the data holds 768 (25% short)" in out
+
+
+def test_sweep_refuses_before_loading_the_reference(tmp_path, no_model_load):
+    """A sweep preflights every candidate first: when none can run, exit 2 with each one's reason."""
+    a = word_config(tmp_path / "a", agreement_words=300)  # gate 1's data 75 % short
+    b = word_config(tmp_path / "b", name="none-rq", quant={"format": "none"}, engine={"backend": "realquant"})
+    b["model"] = a["model"]  # a sweep has one reference
+    paths = [write_config(tmp_path, a, "a.yaml"), write_config(tmp_path, b, "b.yaml")]
+    out = clean_error("sweep", *paths, "--out", tmp_path / "runs", "-q")
+    assert "no candidate of the sweep can run here" in out
+    assert "words: shortfall beyond max_shortfall = 0.5: gates.agreement.tokens" in out
+    assert "none-rq: " in out and "engine realquant needs a quantized format" in out
