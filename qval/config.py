@@ -356,7 +356,6 @@ class RetrievalGate(Strict):
     lengths: list[int] = Field(default_factory=lambda: [512, 1024, 2048])  # prompt tokens, approximately
     depths: list[float] = Field(default_factory=lambda: [0.0, 0.25, 0.5, 0.75, 1.0])  # needle position, fraction of the haystack
     trials: int = Field(2, gt=0)  # per cell, each with its own key and haystack offset
-    piece: int = Field(512, gt=0)  # prompt scored through the KV cache this many tokens at a time
     #: non-inferiority margins on the accuracy drop (reference − candidate, a fraction): per length, and pooled
     margin: Annotated[float, Field(gt=0, le=1)] | None = None
     margin_overall: Annotated[float, Field(gt=0, le=1)] | None = None

@@ -52,6 +52,21 @@ class Engine(ABC):
         """One long [1, T] sequence scored `piece` positions at a time through the KV cache;
         yields [1, piece, V] logits, so memory stays O(piece × V) whatever T is."""
 
+    def answer_logits(self, prompt: list[int], answer: list[int]) -> torch.Tensor:
+        """[len(answer), V] logits that predict each token of `answer` after `prompt`: the prompt
+        prefilled into the KV cache, the answer then read through the cache as decoding would.
+        Engines that can skip the prompt's own logits (most of a long prompt's output) override it."""
+        ids = torch.tensor([prompt + answer])
+        first, last = len(prompt) - 1, len(prompt) + len(answer) - 1
+        rows, start = [], 0
+        for logits in self.logits_pieces(ids, len(prompt)):
+            end = start + logits.shape[1]
+            lo, hi = max(start, first), min(end, last)
+            if lo < hi:
+                rows.append(logits[0, lo - start : hi - start])
+            start = end
+        return torch.cat(rows)
+
     @abstractmethod
     def generate(
         self, prompts: list[list[int]], max_new_tokens: int, *, suppress_eos: bool, batch_size: int, progress: Any = None

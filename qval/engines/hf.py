@@ -275,6 +275,23 @@ class HFEngine(Engine):
             cache = out.past_key_values
             yield out.logits
 
+    @torch.no_grad()
+    def answer_logits(self, prompt: list[int], answer: list[int]) -> torch.Tensor:
+        """The prompt prefilled through the KV cache computing only its last position's logits
+        (`logits_to_keep=1`: a long prompt's other logits are most of the lm_head's work), then
+        the answer read through the cache: the numbers of `Engine.answer_logits` without its unused rows."""
+        from .kvcache import cpu_gqa_attention, growing_cache
+
+        cache = growing_cache(self.kv_quantizers)
+        with cpu_gqa_attention(self.device):
+            head = self.model(input_ids=torch.tensor([prompt], device=self.device), past_key_values=cache, use_cache=True,
+                              logits_to_keep=1)
+            # the whole answer in one piece, its last row unused: the same shapes (and so the same
+            # numbers, bit for bit in the decoder) as the interface's definition through logits_pieces
+            tail = self.model(input_ids=torch.tensor([answer], device=self.device), past_key_values=head.past_key_values,
+                              use_cache=True)
+        return torch.cat([head.logits[0, -1:], tail.logits[0, :-1]])
+
     def eos_ids(self) -> list[int]:
         eos = getattr(self.model.generation_config, "eos_token_id", None)
         if eos is None:

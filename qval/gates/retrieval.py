@@ -1,9 +1,9 @@
 """The retrieval matrix — context length × needle depth, both models, paired per trial.
 
 Each trial (`needles.py`) is a long prompt whose answer is a six-digit pass code hidden in it.
-Both engines score the prompt followed by the true code piece by piece through their KV caches
-(a quantized KV cache holds the whole haystack when the code is read back), so one pass per
-model gives both the greedy exact-match mark (every code token is the model's argmax, and the
+Each engine prefills the prompt into its KV cache and reads the true code back through the cache
+(a quantized KV cache holds the whole haystack when the code is read), so one pass per model
+gives both the greedy exact-match mark (every code token is the model's argmax, and the
 number ends there) and the candidate's KLD/top-1 on the answer tokens. Trials whose marks differ
 are then decoded greedily by both models, so the report lists what each actually answered.
 
@@ -25,10 +25,10 @@ from ..data import dataset_identity, load_dataset, read_texts, token_stream
 from ..metrics import mean_estimate
 from ..metrics.estimate import Estimate
 from ..metrics.paired import PairedCounts, noninferiority, paired_counts, wilson_interval
-from ..metrics.tokens import first_nonfinite, token_stats
+from ..errors import DataError
+from ..metrics.tokens import token_stats
 from ..progress import SILENT
 from ..verdict import GateResult, Threshold
-from ..errors import DataError
 from . import GATES, GateContext, GateSpec, context_problem, max_positions
 from .needles import Trial, build_trials, starts_with_digit
 
@@ -47,7 +47,7 @@ def trials_from(cfg: GateConfig, tokenizer: Any) -> tuple[list[Trial], dict[str,
     stream = token_stream(ds.texts(), tokenizer, tokenizer.eos_token_id)
     trials = build_trials(tokenizer, stream, g.lengths, g.depths, g.trials, cfg.seed)
     info = {"haystack": g.haystack, "haystack_tokens": len(stream), "lengths": g.lengths, "depths": g.depths,
-            "trials_per_cell": g.trials, "trials": len(trials), "piece": g.piece,
+            "trials_per_cell": g.trials, "trials": len(trials),
             "rendering": "chat_template" if getattr(tokenizer, "chat_template", None) else "raw"}
     return trials, info
 
@@ -65,21 +65,11 @@ def mark(tokenizer: Any, logits: torch.Tensor, trial: Trial) -> tuple[bool, int 
     return True, None
 
 
-def score(ctx: GateContext, trial: Trial, piece: int) -> dict[str, Any]:
-    """One pass per model over prompt + true answer; figures on the answer positions only."""
-    ids = trial.prompt + trial.answer
-    first = len(trial.prompt) - 1  # the logits row that predicts the first answer token
-    x = torch.tensor([ids])
-    keep_r, keep_c, start = [], [], 0
-    for lr, lc in zip(ctx.reference.logits_pieces(x, piece), ctx.candidate.logits_pieces(x, piece)):
-        end = start + lr.shape[1]
-        lo, hi = max(start, first), min(end, len(ids) - 1)
-        if lo < hi:
-            keep_r.append(lr[0, lo - start : hi - start].float())
-            keep_c.append(lc[0, lo - start : hi - start].float())
-        start = end
-        del lr, lc
-    lr, lc = torch.cat(keep_r), torch.cat(keep_c)
+def score(ctx: GateContext, trial: Trial) -> dict[str, Any]:
+    """Each model prefills the prompt into its KV cache and reads the true answer through it;
+    figures on the answer positions only."""
+    lr = ctx.reference.answer_logits(trial.prompt, trial.answer).float()
+    lc = ctx.candidate.answer_logits(trial.prompt, trial.answer).float().to(lr.device)
     s = token_stats(lr, lc, torch.tensor(trial.answer))
     ref_right, ref_wrong_at = mark(ctx.tokenizer, lr, trial)
     cand_right, cand_wrong_at = mark(ctx.tokenizer, lc, trial)
@@ -99,7 +89,7 @@ def run(ctx: GateContext) -> GateResult:
     rows = []
     with (ctx.progress or SILENT).task(f"retrieval matrix: {len(trials)} trials, up to {max(g.lengths)} tokens", len(trials)) as advance:
         for i, t in enumerate(trials):
-            r = score(ctx, t, g.piece)
+            r = score(ctx, t)
             if not r["finite_ref"]:
                 return GateResult("retrieval", "error", details=info, seconds=time.perf_counter() - t0,
                                   error=f"the REFERENCE produced non-finite logits on retrieval trial {i} (length {t.length}, depth {t.depth})")

@@ -1,7 +1,7 @@
 """The engine interface contract, run against every engine that runs on a CPU: fakequant,
 realquant, export, checkpoint (a qval export as the candidate) and the TensorRT-LLM adapter over
 its stand-in. Each must: score a chunk as [B, T, V] finite logits; give the same logits piece by
-piece through its KV cache; decode greedily (the first token is the argmax of the teacher-forced
+piece through its KV cache, and for an answer after a prefilled prompt; decode greedily (the first token is the argmax of the teacher-forced
 logits); honour EOS suppression; describe itself."""
 
 from __future__ import annotations
@@ -66,6 +66,23 @@ def test_pieces_match_one_chunk(engines, ids, name):
     assert torch.equal(pieces.argmax(-1), full.argmax(-1))
     lp, lf = pieces[0].log_softmax(-1), full[0].log_softmax(-1)
     assert float((lf.exp() * (lf - lp)).sum(-1).mean()) < 0.05
+
+
+@pytest.mark.parametrize("name", ENGINES_ON_CPU)
+def test_answer_logits_are_the_answer_rows_through_the_cache(engines, ids, name):
+    """`answer_logits` (prompt prefilled into the cache, answer read through it; HF engines skip
+    the prompt's own logits) gives the rows of `logits_pieces` that predict the answer."""
+    from qval.engines.base import Engine
+
+    e = engines[name]
+    prompt, answer = ids[0, :-4].tolist(), ids[0, -4:].tolist()
+    got = e.answer_logits(prompt, answer)
+    want = Engine.answer_logits(e, prompt, answer)  # the interface's own definition, through logits_pieces
+    assert got.shape == (4, want.shape[-1])
+    # the decoder runs the same shapes both ways; only the prompt's lm_head runs on one row instead
+    # of all of them (last-bit differences in the first row, which no quantizer sees: lm_head is excluded)
+    torch.testing.assert_close(got[1:], want[1:], rtol=0, atol=0)
+    torch.testing.assert_close(got[0], want[0], rtol=1e-4, atol=1e-4)
 
 
 @pytest.mark.parametrize("name", ENGINES_ON_CPU)
