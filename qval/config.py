@@ -545,10 +545,14 @@ def _allowed_keys(model: type[BaseModel], loc: tuple[Any, ...]) -> list[str]:
     """The keys allowed at the parent of `loc`, walking the nested models."""
     current: Any = model
     for part in loc[:-1]:
+        if isinstance(part, int):  # an index into a list of models (gates.tasks.suites.0)
+            continue
         field = getattr(current, "model_fields", {}).get(part)
         if field is None:
             return []
         ann = field.annotation
+        if not isinstance(ann, type):  # list[Model]: the keys of its items
+            ann = next((a for a in getattr(ann, "__args__", ()) if isinstance(a, type) and issubclass(a, BaseModel)), ann)
         current = ann if isinstance(ann, type) and issubclass(ann, BaseModel) else None
         if current is None:
             return []

@@ -170,11 +170,13 @@ def test_golden_items_and_their_errors(tmp_path: Path):
 def test_config_is_strict_and_off_by_default():
     data = small_config("t", "none")
     assert not parse_config(data).gates.tasks.enabled
+    data["gates"]["agreement"]["enabled"] = False
     for suites, says in (([{"margin": 0.1}], "exactly one of builtin"),
                          ([{"builtin": "cloze", "golden": "x.jsonl", "margin": 0.1}], "exactly one of builtin"),
                          ([{"builtin": "cloze"}], "margin"),
                          ([{"builtin": "cloze", "margin": 0.1}, {"builtin": "cloze", "margin": 0.2}], "appears twice"),
-                         ([], "no suites"), ([{"builtin": "lambada", "margin": 0.1}], "builtin")):
+                         ([], "no suites"), ([{"builtin": "lambada", "margin": 0.1}], "builtin"),
+                         ([{"builtin": "cloze", "margin": 0.1, "margn": 0.1}], "Did you mean 'margin'.*Allowed here: builtin")):
         data["gates"]["tasks"] = {"suites": suites}
         with pytest.raises(ConfigError, match=says):
             parse_config(data)
