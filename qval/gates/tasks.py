@@ -116,11 +116,9 @@ def _greedy_answers(ctx: GateContext, items: list[Item], rows: list[dict[str, An
             rows[i][key] = ctx.tokenizer.decode(gen.tokens[k], skip_special_tokens=True)
 
 
-def chance_of(suite: TaskSuite, items: list[Item]) -> float:
-    """The suite's guessing accuracy: its config's `chance`, else 1/choices (averaged over the
-    choice items) with OPEN_CHANCE for an open answer."""
-    if suite.chance is not None:
-        return suite.chance
+def chance_of(items: list[Item]) -> float:
+    """A suite's guessing accuracy when its config sets no `chance`: 1/choices (averaged over the
+    choice items), OPEN_CHANCE for an open answer."""
     if not items:
         return OPEN_CHANCE
     return sum(1.0 / len(it.choices) if it.kind == "choice" else OPEN_CHANCE for it in items) / len(items)
@@ -163,7 +161,7 @@ def run(ctx: GateContext) -> GateResult:
                                          "expected": it.expected, **({"choices": it.choice_texts} if it.kind == "choice" else {}),
                                          **r}, ensure_ascii=False))
             suites.append({"suite": suite.label, "source": suite.golden or f"builtin:{suite.builtin}",
-                           "kinds": sorted({it.kind for it in items}), "chance": chance_of(suite, items),
+                           "kinds": sorted({it.kind for it in items}), "default_chance": chance_of(items),
                            "seconds": round(time.perf_counter() - s0, 2),
                            "rows": [{"id": it.id, "excerpt": it.excerpt, "expected": it.expected, **r} for it, r in zip(items, rows)]})
     atomic_write_text(ctx.folder / "items.jsonl", "\n".join(lines) + "\n")
@@ -188,6 +186,7 @@ def summarize(cfg: GateConfig, suites: list[dict[str, Any]], seconds: float) -> 
         measurements[f"ref_accuracy@{L}"] = Estimate(ni["ref_accuracy"], None, *ni["ref_interval"], c.n)
         measurements[f"cand_accuracy@{L}"] = Estimate(ni["cand_accuracy"], None, *ni["cand_interval"], c.n)
         flips = [{"suite": L, **r} for r in rows if r["ref_right"] != r["cand_right"]]
+        s["chance"] = suite.chance if suite.chance is not None else s["default_chance"]
         out.append({**s, "n": c.n, "counts": c.to_dict(), "drop": ni, "flipped": flips, "alpha": suite.alpha,
                     "interval": f"Newcombe paired, two-sided {1 - 2 * suite.alpha:.0%} (its upper end is the one-sided "
                                 f"{1 - suite.alpha:.0%} bound); flip and net-loss intervals Clopper–Pearson 95%"})
@@ -206,10 +205,11 @@ def _informative(suite: TaskSuite, s: dict[str, Any] | None) -> tuple[bool, str 
     if s is None:
         return True, None  # the check fails for the missing result, as any other
     c = PairedCounts(**s["counts"])
-    if informative(c.ref_correct, c.n, s["chance"], suite.alpha):
+    chance = suite.chance if suite.chance is not None else s["default_chance"]  # the config's, even on a stored result
+    if informative(c.ref_correct, c.n, chance, suite.alpha):
         return True, None
     return False, (f"the reference itself answers {c.ref_correct} of {c.n} items of suite {suite.label}, not clearly "
-                   f"above chance ({s['chance']:.3g})")
+                   f"above chance ({chance:.3g})")
 
 
 def thresholds(cfg: GateConfig, result: GateResult | None) -> list[Threshold]:

@@ -185,7 +185,7 @@ def test_config_is_strict_and_off_by_default():
 # --- the paired rule ------------------------------------------------------------------------------
 
 def _suite(label, ref, cand, chance=0.25):
-    return {"suite": label, "source": f"builtin:{label}", "kinds": ["choice"], "chance": chance, "seconds": 0.0,
+    return {"suite": label, "source": f"builtin:{label}", "kinds": ["choice"], "default_chance": chance, "seconds": 0.0,
             "rows": [{"id": str(i), "excerpt": "…", "expected": "x", "ref_right": r, "cand_right": c, "ref_answer": "r", "cand_answer": "c"}
                      for i, (r, c) in enumerate(zip(ref, cand))]}
 
