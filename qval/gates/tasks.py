@@ -23,6 +23,7 @@ import torch
 
 from ..config import GateConfig, TaskSuite
 from ..data import dataset_identity
+from ..errors import DataError
 from ..io import atomic_write_text, file_fingerprint
 from ..metrics.estimate import Estimate
 from ..metrics.paired import PairedCounts, informative, noninferiority, paired_counts
@@ -44,7 +45,11 @@ class NonFinite(Exception):
 
 def build_items(ctx: GateContext, suite: TaskSuite) -> list[Item]:
     builder = SUITES.get("golden" if suite.golden else str(suite.builtin))
-    return builder(suite, ctx.tokenizer, ctx.config.resolve, ctx.config.seed)
+    items = builder(suite, ctx.tokenizer, ctx.config.resolve, ctx.config.seed)
+    if not items:
+        raise DataError(f"gates.tasks suite {suite.label}: no items could be built from {suite.golden or suite.dataset}; "
+                        "give a file with (more) English prose, or a golden file with items.")
+    return items
 
 
 def forced(engine: Any, prompt: list[int], cont: list[int], rows: int, piece: int) -> torch.Tensor:
