@@ -387,12 +387,65 @@ class RetrievalGate(Strict):
         return self
 
 
+class TaskSuite(Strict):
+    """One suite of gate 4: built in (generated deterministically from shipped prose) or the
+    user's golden JSONL. Each suite is gated on its own: non-inferiority of the accuracy drop."""
+
+    builtin: Literal["cloze", "choice", "recall"] | None = None
+    golden: str | None = None  # JSONL of {"id","prompt","answer","match","tolerance"} or {"id","prompt","choices","label"}
+    name: str | None = Field(None, pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$")  # default: the builtin's name or the file's stem
+    size: int = Field(40, gt=0)  # items a built-in suite generates (a golden suite keeps all of its file)
+    dataset: str = "calib_data/heldout_eval.jsonl"  # prose the cloze/choice items are cut from (English records)
+    max_new_tokens: int = Field(8, gt=0)  # tokens of a generated answer (recall, golden exact-answer items)
+    #: non-inferiority margin on the accuracy drop (reference − candidate, a fraction): its
+    #: one-sided (1 − α) upper bound must not exceed it
+    margin: float = Field(gt=0, le=1)
+    max_flip_rate: Annotated[float, Field(gt=0, le=1)] | None = None  # met by the exact upper bound of the flip rate
+    alpha: float = Field(0.05, gt=0, lt=0.5)
+    beta: float = Field(0.2, gt=0, lt=0.5)
+    #: accuracy of guessing; None: 1/choices for multiple choice, 0.05 for open answers. A suite whose
+    #: reference is not clearly above it (Wilson lower bound) is uninformative
+    chance: Annotated[float, Field(ge=0, lt=1)] | None = None
+
+    @model_validator(mode="after")
+    def _one_source(self) -> "TaskSuite":
+        if (self.builtin is None) == (self.golden is None):
+            raise ValueError("give exactly one of builtin (cloze, choice, recall) or golden (a JSONL file)")
+        return self
+
+    @property
+    def label(self) -> str:
+        return self.name or self.builtin or Path(str(self.golden)).stem
+
+
+class TasksGate(Strict):
+    """Gate 4: both models answer the same items, each marked right or wrong; per suite, paired
+    non-inferiority of the accuracy drop, McNemar's exact p, flips with exact intervals."""
+
+    enabled: bool = True
+    suites: list[TaskSuite] = Field(default_factory=list)
+    piece: int = Field(1024, gt=0)  # teacher-forced items go through the KV cache this many tokens at a time
+    batch_size: int = Field(8, gt=0)  # generated answers
+
+    @model_validator(mode="after")
+    def _suites(self) -> "TasksGate":
+        labels = [s.label for s in self.suites]
+        dup = sorted({x for x in labels if labels.count(x) > 1})
+        if dup:
+            raise ValueError(f"suite names must be distinct; {', '.join(dup)} appears twice (set name: on one)")
+        if self.enabled and not self.suites:
+            raise ValueError("gate is enabled but has no suites, so it could never fail; add suites "
+                             "(e.g. - {builtin: choice, margin: 0.1}) or enabled: false")
+        return self
+
+
 class GatesConfig(Strict):
     agreement: AgreementGate = Field(default_factory=AgreementGate)
     quality: QualityGate = Field(default_factory=lambda: QualityGate(enabled=False))
     longgen: LongGenGate = Field(default_factory=lambda: LongGenGate(enabled=False))
     depth: DepthGate = Field(default_factory=lambda: DepthGate(enabled=False))
     retrieval: RetrievalGate = Field(default_factory=lambda: RetrievalGate(enabled=False))
+    tasks: TasksGate = Field(default_factory=lambda: TasksGate(enabled=False))
 
     @model_validator(mode="after")
     def _quality_fits_agreement(self) -> "GatesConfig":
@@ -495,10 +548,14 @@ def _allowed_keys(model: type[BaseModel], loc: tuple[Any, ...]) -> list[str]:
     """The keys allowed at the parent of `loc`, walking the nested models."""
     current: Any = model
     for part in loc[:-1]:
+        if isinstance(part, int):  # an index into a list of models (gates.tasks.suites.0)
+            continue
         field = getattr(current, "model_fields", {}).get(part)
         if field is None:
             return []
         ann = field.annotation
+        if not isinstance(ann, type):  # list[Model]: the keys of its items
+            ann = next((a for a in getattr(ann, "__args__", ()) if isinstance(a, type) and issubclass(a, BaseModel)), ann)
         current = ann if isinstance(ann, type) and issubclass(ann, BaseModel) else None
         if current is None:
             return []

@@ -76,3 +76,4 @@ from . import depth  # noqa: E402,F401  (gate 1 at depth: long documents, per de
 from . import quality  # noqa: E402,F401  (gate 2: needs agreement's positions, so after it)
 from . import longgen  # noqa: E402,F401
 from . import retrieval  # noqa: E402,F401  (the retrieval matrix: context length × needle depth)
+from . import tasks  # noqa: E402,F401  (gate 4: answers, item by item)

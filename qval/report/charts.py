@@ -173,10 +173,17 @@ def histogram_chart(edges: Sequence[float], counts: Sequence[float], title: str,
 
 def ranked_bars(items: Sequence[tuple[str, float, float | None]], title: str, xlabel: str) -> str:
     """Horizontal bars, one per (label, value, stderr), in the given order, with ±1.96·stderr whiskers."""
-    rows = [(n, v, e) for n, v, e in items if finite(v)]
+    return interval_bars([(n, v, v - 1.96 * e if finite(e) else None, v + 1.96 * e if finite(e) else None)
+                          for n, v, e in items if finite(v)], title, xlabel)
+
+
+def interval_bars(items: Sequence[tuple[str, float, float | None, float | None]], title: str, xlabel: str) -> str:
+    """Horizontal bars, one per (label, value, lo, hi), in the given order, with a whisker from lo
+    to hi (an asymmetric interval, e.g. Wilson's, drawn as it is)."""
+    rows = [(n, v, lo, hi) for n, v, lo, hi in items if finite(v)]
     height = TOP + BOTTOM + 16 * max(len(rows), 1)
     left = 190
-    vals = [v for _, v, _ in rows] + [v + (e or 0) * 1.96 for _, v, e in rows] + [v - (e or 0) * 1.96 for _, v, e in rows]
+    vals = [v for _, v, _, _ in rows] + [x for _, _, lo, hi in rows for x in (lo, hi) if finite(x)]
     lo, hi = min(vals + [0.0]), max(vals + [0.0])
     xs = Scale(lo, hi if hi > lo else lo + 1.0, left, W - RIGHT)
     out = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{W}" height="{height}" viewBox="0 0 {W} {height}" '
@@ -186,15 +193,14 @@ def ranked_bars(items: Sequence[tuple[str, float, float | None]], title: str, xl
         out.append(f'<line x1="{xs(t):.1f}" x2="{xs(t):.1f}" y1="{TOP}" y2="{height - BOTTOM}" stroke="#e5e5e5"/>')
         out.append(f'<text x="{xs(t):.1f}" y="{height - BOTTOM + 16}" text-anchor="middle">{text}</text>')
     zero = xs(0.0)
-    for i, (name, v, e) in enumerate(rows):
+    for i, (name, v, a, b) in enumerate(rows):
         y = TOP + 16 * i
         x0, x1 = sorted((zero, xs(v)))
         color = PALETTE[0] if v >= 0 else PALETTE[1]
         out.append(f'<text x="{left - 6}" y="{y + 11}" text-anchor="end">{escape(name)}</text>')
         out.append(f'<rect x="{x0:.1f}" y="{y + 2}" width="{max(x1 - x0, 0.5):.1f}" height="11" fill="{color}"/>')
-        if finite(e):
-            a, b = xs(v - 1.96 * e), xs(v + 1.96 * e)
-            out.append(f'<line x1="{a:.1f}" x2="{b:.1f}" y1="{y + 7.5}" y2="{y + 7.5}" stroke="#222"/>')
+        if finite(a) and finite(b):
+            out.append(f'<line x1="{xs(a):.1f}" x2="{xs(b):.1f}" y1="{y + 7.5}" y2="{y + 7.5}" stroke="#222"/>')
     out.append(f'<line x1="{zero:.1f}" x2="{zero:.1f}" y1="{TOP}" y2="{height - BOTTOM}" stroke="#333"/>')
     out.append(f'<text x="{(left + W - RIGHT) / 2}" y="{height - 10}" text-anchor="middle">{escape(xlabel)}</text>')
     return "\n".join(out + ["</svg>"])

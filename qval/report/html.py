@@ -194,10 +194,38 @@ def retrieval_plots(g: dict[str, Any]) -> str:
     return "".join(out)
 
 
-PLOTS = {"agreement": agreement_plots, "longgen": longgen_plots, "depth": depth_plots, "retrieval": retrieval_plots}
+def tasks_plots(g: dict[str, Any]) -> str:
+    """Gate 4: both accuracies per suite with their Wilson intervals, and the flipped items."""
+    suites = (g.get("details") or {}).get("suites") or []
+    if not suites:
+        return '<p class="note">No task suites in this gate\'s details.</p>'
+    bars = []
+    for s in suites:
+        dr = s.get("drop") or {}
+        for who, key in (("reference", "ref"), ("candidate", "cand")):
+            lo, hi = (dr.get(f"{key}_interval") or [None, None])[:2]
+            bars.append((f"{s['suite']} · {who}", _num(dr.get(f"{key}_accuracy")), _num(lo), _num(hi)))
+    out = [figure(charts.interval_bars([b for b in bars if b[1] is not None], "Accuracy per suite", "accuracy (Wilson 95% interval)"),
+                  "accuracy per suite", f"gate 4 took {fmt(_num(g.get('seconds')))} s; chance per suite: "
+                  + ", ".join(f"{s['suite']} {fmt(_num(s.get('chance')))}" for s in suites))]
+    out.append(table(["suite", "items", "reference", "candidate", "drop", "upper bound", "detects ≥", "flips (right→wrong)", "McNemar p", "seconds"],
+                     ([s["suite"], s.get("n"), (s.get("drop") or {}).get("ref_accuracy"), (s.get("drop") or {}).get("cand_accuracy"),
+                       (s.get("drop") or {}).get("drop"), (s.get("drop") or {}).get("hi"), (s.get("drop") or {}).get("detectable_drop"),
+                       f"{s['counts']['ref_only'] + s['counts']['cand_only']} ({s['counts']['ref_only']})",
+                       (s.get("drop") or {}).get("mcnemar_p"), s.get("seconds")] for s in suites), [1, 2, 3, 4, 5, 6, 8, 9]))
+    flips = [f for s in suites for f in s.get("flipped") or []]
+    if flips:
+        out.append(table(["suite", "item", "prompt (end)", "expected", "reference answered", "candidate answered", "right"],
+                         ([f["suite"], f["id"], str(f.get("excerpt", "")), str(f.get("expected", "")), str(f.get("ref_answer", "–")),
+                           str(f.get("cand_answer", "–")), "reference" if f["ref_right"] else "candidate"] for f in flips)))
+    return "".join(out)
+
+
+PLOTS = {"agreement": agreement_plots, "longgen": longgen_plots, "depth": depth_plots, "retrieval": retrieval_plots,
+         "tasks": tasks_plots}
 TITLES = {"agreement": "Gate 1 — logits agreement", "quality": "Gate 2 — perplexity and BLEU",
           "longgen": "Gate 3 — long-generation stability", "depth": "Gate 1 at depth — long context",
-          "retrieval": "Retrieval matrix — context length × needle depth"}
+          "retrieval": "Retrieval matrix — context length × needle depth", "tasks": "Gate 4 — answers, item by item"}
 
 
 def gates_section(r: dict[str, Any]) -> str:

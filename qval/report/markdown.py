@@ -196,11 +196,45 @@ def retrieval_section(g: dict[str, Any]) -> list[str]:
     return lines
 
 
+def _cell_text(x: Any, chars: int = 60) -> str:
+    """An answer or excerpt for a table cell: one line, pipes escaped, cut to `chars`."""
+    t = " ".join(str(x if x is not None else "–").split()).replace("|", "\\|")
+    return t if len(t) <= chars else t[: chars - 1] + "…"
+
+
+def tasks_section(g: dict[str, Any]) -> list[str]:
+    d = g["details"]
+    lines = [f"Gate 4 took {fmt(g.get('seconds'))} s (reference and candidate). Both models answer every item; a suite "
+             "passes when the one-sided upper bound of its accuracy drop (reference − candidate, Newcombe's paired "
+             "interval) is within its margin. Every item is in the stage folder's items.jsonl.", "",
+             "| suite | items | chance | reference [Wilson] | candidate [Wilson] | drop [interval] | detects drops ≥ | "
+             "flips (right→wrong) [exact] | McNemar p | seconds |", "|---|---|---|---|---|---|---|---|---|---|"]
+    for s in d.get("suites", []):
+        dr = s.get("drop", {})
+        ri, ci, fi = dr.get("ref_interval") or [None, None], dr.get("cand_interval") or [None, None], dr.get("flip_interval") or [None, None]
+        flips = s["counts"]["ref_only"] + s["counts"]["cand_only"]
+        lines.append(f"| {s['suite']} ({s.get('source')}) | {s.get('n')} | {fmt(s.get('chance'))} | {fmt(dr.get('ref_accuracy'))} "
+                     f"[{fmt(ri[0])}, {fmt(ri[1])}] | {fmt(dr.get('cand_accuracy'))} [{fmt(ci[0])}, {fmt(ci[1])}] | "
+                     f"{fmt(dr.get('drop'))} [{fmt(dr.get('lo'))}, {fmt(dr.get('hi'))}] | {fmt(dr.get('detectable_drop'))} | "
+                     f"{flips} ({s['counts']['ref_only']}) [{fmt(fi[0])}, {fmt(fi[1])}] | {fmt(dr.get('mcnemar_p'))} | {fmt(s.get('seconds'))} |")
+    flips = [f for s in d.get("suites", []) for f in s.get("flipped", [])]
+    if flips:
+        lines += ["", "Items the two models mark differently:", "",
+                  "| suite | item | prompt (end) | expected | reference answered | candidate answered | right |",
+                  "|---|---|---|---|---|---|---|"]
+        for f in flips:
+            lines.append(f"| {f['suite']} | {f['id']} | {_cell_text(f.get('excerpt'), 80)} | {_cell_text(f.get('expected'))} | "
+                         f"{_cell_text(f.get('ref_answer'))} | {_cell_text(f.get('cand_answer'))} | "
+                         f"{'reference' if f['ref_right'] else 'candidate'} |")
+    return lines
+
+
 SECTIONS = {"agreement": ("Gate 1 — logits agreement", agreement_section),
             "depth": ("Gate 1 at depth — long context", depth_section),
             "retrieval": ("Retrieval matrix — context length × needle depth", retrieval_section),
             "quality": ("Gate 2 — perplexity and BLEU/chrF", quality_section),
-            "longgen": ("Gate 3 — long-generation stability", longgen_section)}
+            "longgen": ("Gate 3 — long-generation stability", longgen_section),
+            "tasks": ("Gate 4 — answers, item by item", tasks_section)}
 
 
 def reference_text(model: dict[str, Any]) -> str:

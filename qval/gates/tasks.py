@@ -1,0 +1,250 @@
+"""Gate 4 — answers, item by item: both models answer the same items, each marked right or wrong.
+
+Suites (`qval/tasks/`) give items of three forms. A `word` item (cloze) and a `choice` item are
+scored teacher-forced through each engine's KV cache (`logits_pieces`), so a quantized KV cache is
+exercised: a word is right when greedy decoding gives exactly it (every token the argmax, then
+the word ends); a choice is the continuation with the highest summed log-probability. A
+`generate` item is answered greedily and marked by its matcher. Every item (id, excerpt, both
+answers, both marks) goes to the stage folder's items.jsonl.
+
+Per suite, the rule is non-inferiority: the one-sided (1 − α) upper bound of the accuracy drop
+(Newcombe's paired interval) must not exceed the suite's margin; an optional limit on the flip
+rate is met by its exact upper bound. A suite whose reference is not clearly above chance is
+"uninformative", never a pass.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Any
+
+import torch
+
+from ..config import GateConfig, TaskSuite
+from ..data import dataset_identity
+from ..errors import DataError
+from ..io import atomic_write_text, file_fingerprint
+from ..metrics.estimate import Estimate
+from ..metrics.paired import PairedCounts, informative, noninferiority, paired_counts
+from ..progress import SILENT
+from ..tasks import SUITES, Item
+from ..tasks.scoring import MATCHERS, continuation_logprob, pick, word_mark
+from ..verdict import GateResult, Threshold
+from . import GATES, GateContext, GateSpec
+
+WORD_SHOWN = 6  # greedy tokens decoded to show what a model answered on a flipped cloze item
+OPEN_CHANCE = 0.05  # the default "chance" of an open answer: below it a reference cannot show a loss
+
+
+class NonFinite(Exception):
+    def __init__(self, who: str, item: Item) -> None:
+        super().__init__(f"the {who} produced non-finite logits on item {item.id}")
+        self.who = who
+
+
+def build_items(ctx: GateContext, suite: TaskSuite) -> list[Item]:
+    builder = SUITES.get("golden" if suite.golden else str(suite.builtin))
+    items = builder(suite, ctx.tokenizer, ctx.config.resolve, ctx.config.seed)
+    if not items:
+        raise DataError(f"gates.tasks suite {suite.label}: no items could be built from {suite.golden or suite.dataset}; "
+                        "give a file with (more) English prose, or a golden file with items.")
+    return items
+
+
+def forced(engine: Any, prompt: list[int], cont: list[int], rows: int, piece: int) -> torch.Tensor:
+    """Logits [rows, V] from the row predicting cont[0] on (prompt + cont through the KV cache)."""
+    ids = prompt + cont
+    first = len(prompt) - 1
+    out = torch.cat([x[0].float() for x in engine.logits_pieces(torch.tensor([ids]), piece)])
+    return out[first : first + rows]
+
+
+def _finite(who: str, item: Item, x: torch.Tensor) -> None:
+    if not torch.isfinite(x).all():
+        raise NonFinite(who, item)
+
+
+def score_word(ctx: GateContext, item: Item, piece: int) -> dict[str, Any]:
+    out = {}
+    for who, engine in (("reference", ctx.reference), ("candidate", ctx.candidate)):
+        # the word's tokens, then one more position: the token after the word must end it
+        lg = forced(engine, item.prompt, item.target, len(item.target) + 1, piece)
+        _finite(who, item, lg)
+        right, said = word_mark(lg, item.target, lambda t: ctx.tokenizer.decode([t]))
+        out[who] = (right, ctx.tokenizer.decode(said).strip())
+    return {"ref_right": out["reference"][0], "cand_right": out["candidate"][0],
+            "ref_answer": out["reference"][1], "cand_answer": out["candidate"][1]}
+
+
+def score_choice(ctx: GateContext, item: Item, piece: int) -> dict[str, Any]:
+    out = {}
+    for who, engine in (("reference", ctx.reference), ("candidate", ctx.candidate)):
+        scores = []
+        for c in item.choices:
+            lg = forced(engine, item.prompt, c, len(c), piece)
+            _finite(who, item, lg)
+            scores.append(continuation_logprob(lg, c))
+        out[who] = (pick(scores), scores)
+    (r, rs), (c, cs) = out["reference"], out["candidate"]
+    return {"ref_right": r == item.label, "cand_right": c == item.label, "ref_answer": item.choice_texts[r],
+            "cand_answer": item.choice_texts[c], "ref_pick": r, "cand_pick": c, "ref_logprobs": rs, "cand_logprobs": cs}
+
+
+def score_generated(ctx: GateContext, items: list[Item], new_tokens: int, batch: int) -> list[dict[str, Any]]:
+    prompts = [it.prompt for it in items]
+    answers = {}
+    for who, engine in (("reference", ctx.reference), ("candidate", ctx.candidate)):
+        gen = engine.generate(prompts, new_tokens, suppress_eos=False, batch_size=batch)
+        for it, bad in zip(items, gen.first_nonfinite_step):
+            if bad is not None:
+                raise NonFinite(who, it)
+        answers[who] = [ctx.tokenizer.decode(t, skip_special_tokens=True) for t in gen.tokens]
+    rows = []
+    for it, ra, ca in zip(items, answers["reference"], answers["candidate"]):
+        m = MATCHERS.get(it.match)
+        rows.append({"ref_right": m(ra, it.answer, it.tolerance), "cand_right": m(ca, it.answer, it.tolerance),
+                     "ref_answer": ra, "cand_answer": ca})
+    return rows
+
+
+def _greedy_answers(ctx: GateContext, items: list[Item], rows: list[dict[str, Any]]) -> None:
+    """What each model actually says on the flipped cloze items (teacher forcing stops at the
+    first wrong token): a few greedy tokens from each."""
+    flipped = [i for i, (it, r) in enumerate(zip(items, rows)) if it.kind == "word" and r["ref_right"] != r["cand_right"]]
+    if not flipped:
+        return
+    prompts = [items[i].prompt for i in flipped]
+    for key, engine in (("ref_answer", ctx.reference), ("cand_answer", ctx.candidate)):
+        gen = engine.generate(prompts, WORD_SHOWN, suppress_eos=False, batch_size=1)
+        for k, i in enumerate(flipped):
+            rows[i][key] = ctx.tokenizer.decode(gen.tokens[k], skip_special_tokens=True)
+
+
+def chance_of(items: list[Item]) -> float:
+    """A suite's guessing accuracy when its config sets no `chance`: 1/choices (averaged over the
+    choice items), OPEN_CHANCE for an open answer."""
+    if not items:
+        return OPEN_CHANCE
+    return sum(1.0 / len(it.choices) if it.kind == "choice" else OPEN_CHANCE for it in items) / len(items)
+
+
+def run_suite(ctx: GateContext, suite: TaskSuite, advance: Any) -> tuple[list[Item], list[dict[str, Any]]]:
+    g = ctx.config.gates.tasks
+    items = build_items(ctx, suite)
+    rows: list[dict[str, Any] | None] = [None] * len(items)
+    for i, it in enumerate(items):
+        if it.kind == "word":
+            rows[i] = score_word(ctx, it, g.piece)
+        elif it.kind == "choice":
+            rows[i] = score_choice(ctx, it, g.piece)
+    gen = [i for i, it in enumerate(items) if it.kind == "generate"]
+    if gen:
+        for i, r in zip(gen, score_generated(ctx, [items[i] for i in gen], suite.max_new_tokens, g.batch_size)):
+            rows[i] = r
+    done = [r for r in rows if r is not None]
+    _greedy_answers(ctx, items, done)
+    advance(1)
+    return items, done
+
+
+def run(ctx: GateContext) -> GateResult:
+    t0 = time.perf_counter()
+    g = ctx.config.gates.tasks
+    suites, lines = [], []
+    with (ctx.progress or SILENT).task(f"tasks: {len(g.suites)} suite(s)", len(g.suites)) as advance:
+        for suite in g.suites:
+            s0 = time.perf_counter()
+            try:
+                items, rows = run_suite(ctx, suite, advance)
+            except NonFinite as err:
+                status = "error" if err.who == "reference" else "nonfinite"
+                return GateResult("tasks", status, details={"suites": suites}, seconds=time.perf_counter() - t0,
+                                  error=f"{err} (suite {suite.label})")
+            for it, r in zip(items, rows):
+                lines.append(json.dumps({"suite": suite.label, "id": it.id, "kind": it.kind, "excerpt": it.excerpt,
+                                         "expected": it.expected, **({"choices": it.choice_texts} if it.kind == "choice" else {}),
+                                         **r}, ensure_ascii=False))
+            suites.append({"suite": suite.label, "source": suite.golden or f"builtin:{suite.builtin}",
+                           "kinds": sorted({it.kind for it in items}), "default_chance": chance_of(items),
+                           "seconds": round(time.perf_counter() - s0, 2),
+                           "rows": [{"id": it.id, "excerpt": it.excerpt, "expected": it.expected, **r} for it, r in zip(items, rows)]})
+    atomic_write_text(ctx.folder / "items.jsonl", "\n".join(lines) + "\n")
+    return summarize(ctx.config, suites, time.perf_counter() - t0)
+
+
+def summarize(cfg: GateConfig, suites: list[dict[str, Any]], seconds: float) -> GateResult:
+    """Per suite: the paired table, non-inferiority of the drop, and the flipped items; `suites`
+    holds each suite's rows (ref_right, cand_right, answers) as `run` produced them."""
+    g = cfg.gates.tasks
+    by_label = {s.label: s for s in g.suites}
+    measurements: dict[str, Estimate] = {}
+    out = []
+    for s in suites:
+        suite = by_label[s["suite"]]
+        rows = s.pop("rows")
+        c = paired_counts([r["ref_right"] for r in rows], [r["cand_right"] for r in rows])
+        ni = noninferiority(c, suite.margin, alpha=suite.alpha, beta=suite.beta)
+        L = s["suite"]
+        measurements[f"drop@{L}"] = Estimate(ni["drop"], None, ni["lo"], ni["hi"], c.n)
+        measurements[f"flip_rate@{L}"] = Estimate(ni["flip_rate"], None, *ni["flip_interval"], c.n)
+        measurements[f"ref_accuracy@{L}"] = Estimate(ni["ref_accuracy"], None, *ni["ref_interval"], c.n)
+        measurements[f"cand_accuracy@{L}"] = Estimate(ni["cand_accuracy"], None, *ni["cand_interval"], c.n)
+        flips = [{"suite": L, **r} for r in rows if r["ref_right"] != r["cand_right"]]
+        s["chance"] = suite.chance if suite.chance is not None else s["default_chance"]
+        out.append({**s, "n": c.n, "counts": c.to_dict(), "drop": ni, "flipped": flips, "alpha": suite.alpha,
+                    "interval": f"Newcombe paired, two-sided {1 - 2 * suite.alpha:.0%} (its upper end is the one-sided "
+                                f"{1 - suite.alpha:.0%} bound); flip and net-loss intervals Clopper–Pearson 95%"})
+    return GateResult("tasks", "ok", measurements=measurements, details={"suites": out}, seconds=seconds)
+
+
+def _suite_result(result: GateResult | None, label: str) -> dict[str, Any] | None:
+    if result is None or result.status != "ok":
+        return None
+    return next((s for s in result.details.get("suites", []) if s["suite"] == label), None)
+
+
+def _informative(suite: TaskSuite, s: dict[str, Any] | None) -> tuple[bool, str | None]:
+    """Informative when the REFERENCE is clearly above chance on the suite (its one-sided
+    (1 − α) Wilson lower bound exceeds it): a task the reference cannot do shows no loss."""
+    if s is None:
+        return True, None  # the check fails for the missing result, as any other
+    c = PairedCounts(**s["counts"])
+    chance = suite.chance if suite.chance is not None else s["default_chance"]  # the config's, even on a stored result
+    if informative(c.ref_correct, c.n, chance, suite.alpha):
+        return True, None
+    return False, (f"the reference itself answers {c.ref_correct} of {c.n} items of suite {suite.label}, not clearly "
+                   f"above chance ({chance:.3g})")
+
+
+def thresholds(cfg: GateConfig, result: GateResult | None) -> list[Threshold]:
+    out = []
+    for suite in cfg.gates.tasks.suites:
+        s = _suite_result(result, suite.label)
+        ok, why = _informative(suite, s)
+        det = s["drop"].get("detectable_drop") if s else None
+        out.append(Threshold("tasks", f"drop@{suite.label}", "max", suite.margin,
+                             f"accuracy drop (reference − candidate) on suite {suite.label}; its one-sided "
+                             f"{1 - suite.alpha:.0%} upper bound must stay within the margin (non-inferiority)", "absolute",
+                             det, on="hi", informative=ok, why_uninformative=why, detectable=det))
+        if suite.max_flip_rate is not None:
+            out.append(Threshold("tasks", f"flip_rate@{suite.label}", "max", suite.max_flip_rate,
+                                 f"share of items of suite {suite.label} the two models mark differently; its exact 95% "
+                                 "upper bound must stay within the limit", on="hi", informative=ok, why_uninformative=why))
+    return out
+
+
+def inputs(cfg: GateConfig) -> dict[str, Any]:
+    g = cfg.gates.tasks
+    limits = {"enabled": True, "suites": {"__all__": {"margin", "max_flip_rate", "chance"}}}
+    data = {}
+    for s in g.suites:
+        if s.golden:
+            path = cfg.resolve(s.golden)
+            data[s.label] = {"spec": s.golden, "fingerprint": file_fingerprint(path, full=True) if path.is_file() else "missing"}
+        elif s.builtin in ("cloze", "choice"):
+            data[s.label] = dataset_identity(s.dataset, cfg.resolve(s.dataset))
+    return {"gate": g.model_dump(mode="json", exclude=limits), "data": data}
+
+
+GATES.register("tasks")(GateSpec("tasks", run, thresholds, inputs, lambda c: c.gates.tasks.enabled))
