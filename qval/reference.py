@@ -90,12 +90,16 @@ def _versions() -> dict[str, str | None]:
 
 def generation_inputs(ctx: "GateContext", kind: str, prompts: list[list[int]], settings: GenerationSettings) -> dict[str, Any]:
     """Everything the reference's tokens depend on; its hash is the cache key."""
+    from .engines.concurrent import share
+
     engine = ctx.reference.describe()
     return {
         "cache_version": CACHE_VERSION,
         "kind": kind,
         "reference": ctx.reference_fingerprint,
-        "compute": {"device": engine.get("device"), "dtype": engine.get("dtype"), "backend": engine.get("backend")},
+        # intra-op threads change a CPU product's rounding: the count the pair computes with (concurrent.py)
+        "compute": {"device": engine.get("device"), "dtype": engine.get("dtype"), "backend": engine.get("backend"),
+                    "threads": share([ctx.reference, ctx.candidate])},
         "prompts": hash_json(prompts),
         "prompt_count": len(prompts),
         "settings": asdict(settings),
@@ -116,25 +120,47 @@ def _read(path: Path, key: str) -> Generation | None:
         return None
 
 
-def cached_generations(
-    ctx: "GateContext", kind: str, prompts: list[list[int]], settings: GenerationSettings
-) -> CachedGeneration:
-    """The reference's greedy generations for `prompts`: read from the shared cache, or
-    generated now (with progress) and stored for every later candidate.
-
-    `kind` names the use ("bleu", "longgen"); it keeps the files apart and readable.
-    """
+def _lookup(ctx: "GateContext", kind: str, prompts: list[list[int]],
+            settings: GenerationSettings) -> tuple[dict[str, Any], str, Path, "Generation | None"]:
+    """The cache key's inputs, the key, the file, and the stored generation when it is whole."""
     inputs = generation_inputs(ctx, kind, prompts, settings)
     key = hash_json(inputs)
     path = Path(ctx.shared_cache) / key[:16] / f"{kind}.json"
     stored = _read(path, key) if path.is_file() else None
-    if stored is not None and len(stored.tokens) == len(prompts):
-        return CachedGeneration(stored, hit=True, key=key, path=path, seconds=0.0)
-    t0 = time.perf_counter()
-    label = f"reference generates {kind} ({len(prompts)} prompts × {settings.new_tokens} tokens)"
-    with (ctx.progress or SILENT).task(label, len(prompts)) as advance:
-        gen = ctx.reference.generate(prompts, settings.new_tokens, suppress_eos=settings.suppress_eos,
-                                     batch_size=settings.batch_size, progress=advance)
-    seconds = time.perf_counter() - t0
-    atomic_write_json(path, {"key": key, "inputs": inputs, "seconds": round(seconds, 2), "generation": gen.to_dict()})
-    return CachedGeneration(gen, hit=False, key=key, path=path, seconds=seconds)
+    return inputs, key, path, stored if stored is not None and len(stored.tokens) == len(prompts) else None
+
+
+def paired_generations(ctx: "GateContext", kind: str, prompts: list[list[int]], settings: GenerationSettings,
+                       label: str) -> tuple[CachedGeneration, "Generation", dict[str, Any]]:
+    """The reference's greedy generations for `prompts` (read from the shared cache, or computed
+    now and stored for every later candidate) and the candidate's, with the same settings. `kind`
+    names the use ("bleu", "longgen") and keeps the files apart. When both engines are on the CPU
+    and the reference's must be computed, the two decode side by side (engines/concurrent.py),
+    in about the time of one. Returns both, and how they ran ({"side_by_side", "candidate_seconds"})."""
+    from .engines.concurrent import alone, can_pair, side_by_side
+
+    inputs, key, path, stored = _lookup(ctx, kind, prompts, settings)
+    progress = ctx.progress or SILENT
+
+    def run(engine: Any, advance: Any) -> tuple["Generation", float]:
+        t0 = time.perf_counter()
+        gen = engine.generate(prompts, settings.new_tokens, suppress_eos=settings.suppress_eos,
+                              batch_size=settings.batch_size, progress=advance)
+        return gen, time.perf_counter() - t0
+
+    engines = [ctx.reference, ctx.candidate]
+    if stored is not None:
+        ref = CachedGeneration(stored, hit=True, key=key, path=path, seconds=0.0)
+        with progress.task(f"{label}: candidate generates ({len(prompts)} × {settings.new_tokens} tokens)", len(prompts)) as advance:
+            cand, cand_s = alone(lambda: run(ctx.candidate, advance), engines)
+        return ref, cand, {"side_by_side": False, "candidate_seconds": round(cand_s, 2)}
+    how = "side by side on the CPU" if can_pair(engines) else "one after the other"
+    with progress.task(f"{label}: reference and candidate generate, {how} ({len(prompts)} × {settings.new_tokens} tokens)",
+                       2 * len(prompts)) as advance:
+        # the reference's job may run in a forked process: it reports no progress of its own
+        ((ref_gen, ref_s), (cand, cand_s)), paired = side_by_side([lambda: run(ctx.reference, None), lambda: run(ctx.candidate, advance)],
+                                                                   engines)
+        advance(len(prompts))
+    atomic_write_json(path, {"key": key, "inputs": inputs, "seconds": round(ref_s, 2), "generation": ref_gen.to_dict()})
+    ref = CachedGeneration(ref_gen, hit=False, key=key, path=path, seconds=ref_s)
+    return ref, cand, {"side_by_side": paired, "candidate_seconds": round(cand_s, 2)}

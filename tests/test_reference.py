@@ -6,13 +6,30 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
+import torch
+
 from qval.config import parse_config
+from qval.engines import concurrent
 from qval.gates import GateContext
-from qval.reference import GenerationSettings, cached_generations, render_prompts
+from qval.reference import GenerationSettings, paired_generations, render_prompts
 
 from .gates.fakes import FakeEngine, FakeTokenizer, walk
 
 PROMPTS = [[1, 2, 3], [4, 5, 6, 7]]
+
+
+@pytest.fixture(autouse=True)
+def in_turn(request, monkeypatch):
+    """The fakes count their calls in this process: run the pair in turn (the side-by-side test
+    below lifts it; tests/engines/test_concurrent.py tests pairing itself)."""
+    if "side_by_side" not in request.node.name:
+        monkeypatch.setattr(concurrent, "can_pair", lambda engines: False)
+
+
+def cached_generations(ctx: GateContext, kind: str, prompts: list[list[int]], settings: GenerationSettings):
+    """The reference's half of paired_generations (the candidate's half is what any gate does)."""
+    return paired_generations(ctx, kind, prompts, settings, "test")[0]
 
 
 def ctx_for(tmp_path: Path, reference: FakeEngine, fingerprint: str = "ref-a") -> GateContext:
@@ -32,6 +49,23 @@ def test_generates_once_then_reads_the_cache(tmp_path: Path) -> None:
     stored = json.loads(first.path.read_text())
     assert stored["key"] == first.key and stored["inputs"]["settings"] == {"new_tokens": 12, "suppress_eos": True, "batch_size": 2}
     assert second.describe()["cached"] is True
+
+
+def test_both_models_generate_side_by_side_then_the_candidate_alone(tmp_path: Path) -> None:
+    ref = FakeEngine(walk)
+    s = GenerationSettings(new_tokens=6, suppress_eos=True, batch_size=2)
+    ctx = ctx_for(tmp_path, ref)
+    first, cand, how = paired_generations(ctx, "longgen", PROMPTS, s, "test")
+    # the reference decoded in a forked process (its call count stays there), the candidate here
+    assert not first.hit and how["side_by_side"] == concurrent.can_pair([ref, ctx.candidate])
+    assert ctx.candidate.generate_calls == 1 and first.generation.tokens == ref.generate(PROMPTS, 6, suppress_eos=True, batch_size=2).tokens
+    assert cand.tokens == ctx.candidate.generate(PROMPTS, 6, suppress_eos=True, batch_size=2).tokens
+    calls = ref.generate_calls
+    second, cand2, how2 = paired_generations(ctx_for(tmp_path, ref), "longgen", PROMPTS, s, "test")
+    assert second.hit and not how2["side_by_side"] and cand2.tokens == cand.tokens and ref.generate_calls == calls
+    # the thread count both compute with is part of the key: numbers depend on it
+    stored = json.loads(first.path.read_text())
+    assert stored["inputs"]["compute"]["threads"] == max(1, torch.get_num_threads() // 2)
 
 
 def test_any_changed_input_is_a_miss(tmp_path: Path) -> None:

@@ -36,6 +36,7 @@ and 8 × 1,024 tokens in the benchmark).
 from __future__ import annotations
 
 import contextlib
+import threading
 import types
 from typing import Any, Iterator
 
@@ -198,21 +199,35 @@ def install_prequantized_kv(model: torch.nn.Module, probe: torch.Tensor, device:
     return quantizers, None
 
 
+_gqa_lock = threading.Lock()
+_gqa_users = 0
+_gqa_original: Any = None
+
+
 @contextlib.contextmanager
 def cpu_gqa_attention(device: str) -> Iterator[None]:
-    """On CPU, let SDPA read grouped K/V heads directly even when a mask is given."""
+    """On CPU, let SDPA read grouped K/V heads directly even when a mask is given. Counted, so
+    two engines decoding side by side (concurrent.py) share one patch: it is installed by the
+    first to enter and removed by the last to leave."""
+    global _gqa_users, _gqa_original
     if not str(device).startswith("cpu"):
         yield
         return
     import transformers.integrations.sdpa_attention as sdpa
 
-    original = sdpa.use_gqa_in_sdpa
+    with _gqa_lock:
+        if _gqa_users == 0:
+            original = _gqa_original = sdpa.use_gqa_in_sdpa
 
-    def cpu_gqa(attention_mask: torch.Tensor | None, key: torch.Tensor, value: torch.Tensor) -> bool:
-        return key.device.type == "cpu" and key.shape[-1] == value.shape[-1] or original(attention_mask, key, value)
+            def cpu_gqa(attention_mask: torch.Tensor | None, key: torch.Tensor, value: torch.Tensor) -> bool:
+                return key.device.type == "cpu" and key.shape[-1] == value.shape[-1] or original(attention_mask, key, value)
 
-    sdpa.use_gqa_in_sdpa = cpu_gqa
+            sdpa.use_gqa_in_sdpa = cpu_gqa
+        _gqa_users += 1
     try:
         yield
     finally:
-        sdpa.use_gqa_in_sdpa = original
+        with _gqa_lock:
+            _gqa_users -= 1
+            if _gqa_users == 0:
+                sdpa.use_gqa_in_sdpa = _gqa_original

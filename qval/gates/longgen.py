@@ -33,7 +33,7 @@ from ..metrics import detect_loop, distinct_n, mean_estimate, seq_rep_n, sized_t
 from ..metrics.estimate import Estimate
 from ..metrics.tokens import first_nonfinite, nll_of_targets, token_stats
 from ..progress import SILENT
-from ..reference import GenerationSettings, cached_generations, render_prompts
+from ..reference import GenerationSettings, paired_generations, render_prompts
 from ..verdict import GateResult, Threshold
 from . import GATES, GateContext, GateSpec
 
@@ -142,15 +142,12 @@ def run(ctx: GateContext) -> GateResult:
     records, note = records_for(ctx.config)
     prompts, rendering = render_prompts(ctx.tokenizer, [r["prompt"] for r in records])
     settings = GenerationSettings(new_tokens=g.new_tokens, suppress_eos=g.suppress_eos, batch_size=g.batch_size)
-    ref = cached_generations(ctx, "longgen", prompts, settings)
+    ref, cand, paired = paired_generations(ctx, "longgen", prompts, settings, "gate 3")
     progress = ctx.progress or SILENT
-    t_gen = time.perf_counter()
-    with progress.task(f"gate 3: candidate generates ({len(prompts)} × {g.new_tokens} tokens)", len(prompts)) as advance:
-        cand = ctx.candidate.generate(prompts, g.new_tokens, suppress_eos=g.suppress_eos, batch_size=g.batch_size, progress=advance)
-    gen_seconds = time.perf_counter() - t_gen
     info: dict[str, Any] = {"prompts_file": g.prompts, "prompts": len(prompts), "rendering": rendering, "new_tokens": g.new_tokens,
                             "suppress_eos": g.suppress_eos, "window": g.window, "edge": g.edge, "piece": g.piece,
-                            "reference_generation": ref.describe(), "candidate_generation_seconds": round(gen_seconds, 2)}
+                            "reference_generation": ref.describe(), "candidate_generation_seconds": paired["candidate_seconds"],
+                            "generated_side_by_side": paired["side_by_side"]}
     if note:
         info["shortfall"] = note
     for name, gen in (("reference", ref.generation), ("candidate", cand)):

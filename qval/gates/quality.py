@@ -30,7 +30,7 @@ from ..metrics import mean_estimate, perplexity, sized_threshold
 from ..metrics.estimate import Estimate
 from ..metrics.perplexity import ppl_ratio
 from ..progress import SILENT
-from ..reference import GenerationSettings, cached_generations, render_prompts
+from ..reference import GenerationSettings, paired_generations, render_prompts
 from ..verdict import GateResult, Threshold
 from . import GATES, GateContext, GateSpec
 
@@ -194,10 +194,7 @@ def bleu_part(ctx: GateContext) -> tuple[dict[str, Estimate], dict[str, Any], in
     records = bleu_records(ctx)
     prompts, rendering = render_prompts(ctx.tokenizer, [r["prompt"] for r in records])
     settings = GenerationSettings(new_tokens=g.bleu_max_new_tokens, suppress_eos=False, batch_size=g.batch_size)
-    ref = cached_generations(ctx, "bleu", prompts, settings)
-    with (ctx.progress or SILENT).task("gate 2: candidate generates (BLEU prompts)", len(prompts)) as advance:
-        cand = ctx.candidate.generate(prompts, settings.new_tokens, suppress_eos=False, batch_size=settings.batch_size,
-                                      progress=advance)
+    ref, cand, paired = paired_generations(ctx, "bleu", prompts, settings, "gate 2 (BLEU prompts)")
 
     def text(tokens: list[int]) -> str:
         return ctx.tokenizer.decode(tokens, skip_special_tokens=True).strip()
@@ -213,7 +210,8 @@ def bleu_part(ctx: GateContext) -> tuple[dict[str, Estimate], dict[str, Any], in
         measurements[f"chrf_drop_{s.key}"] = s.drops["chrf"]
         groups[s.key] = s.to_dict()
     details = {"dataset": g.bleu_dataset, "prompts": len(records), "rendering": rendering, "max_new_tokens": g.bleu_max_new_tokens,
-               "decoding": "greedy, batched, stops at EOS", "reference_generation": ref.describe(), "groups": groups,
+               "decoding": "greedy, batched, stops at EOS", "reference_generation": ref.describe(),
+               "candidate_generation_seconds": paired["candidate_seconds"], "generated_side_by_side": paired["side_by_side"], "groups": groups,
                "samples": [{"id": r.get("id", str(i)), "lang": r["lang"], "reference": r["reference"], "ref_model": ref_texts[i],
                             "candidate": cand_texts[i]} for i, r in enumerate(records[:6])]}
     bad = next((i for i, step in enumerate(cand.first_nonfinite_step) if step is not None), None)

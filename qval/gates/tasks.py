@@ -23,6 +23,7 @@ import torch
 
 from ..config import GateConfig, TaskSuite
 from ..data import dataset_identity
+from ..engines.concurrent import side_by_side
 from ..errors import DataError
 from ..io import atomic_write_text, file_fingerprint
 from ..metrics.estimate import Estimate
@@ -93,9 +94,11 @@ def score_choice(ctx: GateContext, item: Item, piece: int) -> dict[str, Any]:
 
 def score_generated(ctx: GateContext, items: list[Item], new_tokens: int, batch: int) -> list[dict[str, Any]]:
     prompts = [it.prompt for it in items]
+    engines = [ctx.reference, ctx.candidate]
+    # the two models' answers are independent: on a CPU they decode side by side (engines/concurrent.py)
+    gens, _ = side_by_side([lambda e=e: e.generate(prompts, new_tokens, suppress_eos=False, batch_size=batch) for e in engines], engines)
     answers = {}
-    for who, engine in (("reference", ctx.reference), ("candidate", ctx.candidate)):
-        gen = engine.generate(prompts, new_tokens, suppress_eos=False, batch_size=batch)
+    for who, gen in zip(("reference", "candidate"), gens):
         for it, bad in zip(items, gen.first_nonfinite_step):
             if bad is not None:
                 raise NonFinite(who, it)
