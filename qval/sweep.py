@@ -122,6 +122,10 @@ class SweepEntry:
         for g, m in KEY_FIGURES:
             e = gates.get(g, {}).get("measurements", {}).get(m)
             out[f"{g}.{m}"] = e.get("value") if e else None
+        # gate 4: the worst suite's paired drop (reference − candidate), the answers' summary figure
+        drops = [v.get("value") for k, v in gates.get("tasks", {}).get("measurements", {}).items() if k.startswith("drop@")]
+        drops = [d for d in drops if d is not None]
+        out["tasks.worst_drop"] = max(drops) if drops else None
         return out
 
     def to_dict(self) -> dict[str, Any]:
@@ -150,9 +154,12 @@ class SweepResult:
 
         def key(e: SweepEntry) -> tuple[Any, ...]:
             size = e.footprint.total_bytes if e.footprint else float("inf")
-            kld = e.figures().get("agreement.mean_kld")
+            f = e.figures()
+            kld, drop = f.get("agreement.mean_kld"), f.get("tasks.worst_drop")
             fails = len(e.run.verdict.failures) if e.run else 0
-            return (order[e.status], fails if e.status == "REJECT" else 0, size, kld if kld is not None else float("inf"))
+            # equal size: fewer answers lost first (gate 4), then the smaller logit error
+            return (order[e.status], fails if e.status == "REJECT" else 0, size, drop if drop is not None else float("inf"),
+                    kld if kld is not None else float("inf"))
 
         return sorted(self.entries, key=key)
 
@@ -278,14 +285,15 @@ def render(result: SweepResult) -> str:
              f"Reference: {result.reference.get('name')} (fingerprint `{str(result.reference.get('fingerprint'))[:12]}`), "
              f"loaded once. KV cache sized for {result.context} tokens × {result.batch} sequence(s).", "",
              f"**Recommendation**: {result.recommendation()}", "",
-             "| rank | candidate | verdict | format | KV | bits/weight | weights MiB | KV MiB | top-1 | mean KLD | p99 KLD | why not |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "| rank | candidate | verdict | format | KV | bits/weight | weights MiB | KV MiB | top-1 | mean KLD | p99 KLD | worst task drop | why not |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for rank, e in enumerate(result.ranked(), 1):
         f, fp = e.figures(), e.footprint
         why = e.error or ("; ".join(f"{c.gate}/{c.metric}" for c in e.run.verdict.failures) if e.run else "")
         lines.append(f"| {rank} | {e.config.name} | {e.status} | {e.config.quant.format.value} | {e.config.quant.kv_cache.value} | "
                      f"{fp.weight_bits:.2f} | {_mib(fp.weight_bytes)} | {_mib(fp.kv_bytes)} | {_num(f['agreement.top1'])} | "
-                     f"{_num(f['agreement.mean_kld'])} | {_num(f['agreement.p99_kld'])} | {why.replace('|', '/')[:160]} |")
+                     f"{_num(f['agreement.mean_kld'])} | {_num(f['agreement.p99_kld'])} | {_num(f['tasks.worst_drop'])} | "
+                     f"{why.replace('|', '/')[:160]} |")
     lines += ["", "Memory is estimated from the reference's shapes: quantized linears at the format's bits per weight "
               "(scales included), other parameters at the deployment dtype, tied tensors once.", ""]
     for e in result.ranked():

@@ -87,3 +87,22 @@ def test_two_candidates_share_one_reference(patch_reference, tmp_path, monkeypat
     assert saved["recommended"] == "sweep-fp8" and [r["name"] for r in saved["ranking"]] == ["sweep-fp8", "sweep-none"]
     md = (tmp_path / "out" / "sweep.md").read_text()
     assert "**Recommendation**: sweep-fp8" in md and (tmp_path / "out" / ".reference").is_dir()
+
+
+def test_equal_sized_candidates_rank_by_the_answers_they_lose_then_by_kld(tmp_path):
+    from qval.config import parse_config
+    from qval.pipeline import RunResult
+    from qval.sweep import Footprint, SweepEntry, SweepResult
+    from qval.verdict import Verdict
+
+    def entry(name, drops, kld):
+        cfg = parse_config({"name": name, "quant": {"format": "fp8"}, "gates": {"agreement": {"min_top1": 0.5}}}, f"{name}.yaml")
+        gates = {"agreement": {"measurements": {"mean_kld": {"value": kld}}},
+                 "tasks": {"measurements": {f"drop@s{i}": {"value": d} for i, d in enumerate(drops)}}}
+        run = RunResult(cfg, Verdict(approved=True, checks=[]), tmp_path, {"gates": gates})
+        return SweepEntry(cfg, None, Footprint(8.0, 100.0, 1.0, 1.0), run)
+
+    a, b, c = entry("a", [0.0, 0.10], 0.01), entry("b", [0.05, -0.02], 0.03), entry("c", [], 0.02)
+    result = SweepResult([a, b, c], tmp_path, 512, 1)
+    assert a.figures()["tasks.worst_drop"] == 0.10 and c.figures()["tasks.worst_drop"] is None
+    assert [e.config.name for e in result.ranked()] == ["b", "a", "c"]  # a gate-4 figure beats none
