@@ -1,0 +1,432 @@
+"""Gate 4's lm-evaluation-harness suites, offline: the config rules, the errors a user can cause
+(exit 2: lm-eval missing, an unknown task, a group, a missing data file, a metric with no
+per-document score), the score rules on hand-built marks, and on the real model: through the
+shipped local task (calib_data/lmeval/*.yaml + JSONL) the reference's accuracy and per-document
+marks are lm-eval's own (HFLM), the identity candidate has no flips and passes, a damaged one is
+rejected, rolling log-likelihood and generate_until match HFLM."""
+
+from __future__ import annotations
+
+import copy
+import json
+import math
+import os
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from qval.config import parse_config
+from qval.errors import BackendUnavailable, ConfigError, DataError, QvalError
+from qval.gates import GATES, GateContext
+from qval.gates.tasks import summarize
+from qval.verdict import decide
+
+from ..conftest import ROOT, small_config, write_config
+
+LMEVAL = ROOT / "calib_data/lmeval"
+
+
+@pytest.fixture(autouse=True)
+def offline(monkeypatch):
+    """No hub: every task here reads local files."""
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
+    import datasets
+    import huggingface_hub
+
+    monkeypatch.setattr(datasets.config, "HF_DATASETS_OFFLINE", True, raising=False)
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True, raising=False)
+
+
+def _data(*suites):
+    data = small_config("lmeval-test", "none")
+    data["gates"]["agreement"]["enabled"] = False
+    data["gates"]["tasks"] = {"suites": list(suites)}
+    return data
+
+
+def _cfg(*suites):
+    return parse_config(_data(*suites), "<lmeval test>")
+
+
+def _suite(**kw):
+    return {"lm_eval": "qval_choice", "include_path": str(LMEVAL), "margin": 0.1, **kw}
+
+
+# --- config ---------------------------------------------------------------------------------------
+
+def test_config_takes_exactly_one_source_and_lm_eval_keys_only_with_it():
+    s = _cfg(_suite()).gates.tasks.suites[0]
+    assert s.label == "qval_choice" and s.num_fewshot is None and s.limit is None and s.metric is None
+    assert _cfg(_suite(margin=2.5)).gates.tasks.suites[0].margin == 2.5  # a score's unit may exceed 1
+    for suite, says in (({"builtin": "choice", "lm_eval": "qval_choice", "margin": 0.1}, "this suite gives builtin and lm_eval"),
+                        ({"golden": "g.jsonl", "lm_eval": "qval_choice", "margin": 0.1}, "exactly one of builtin"),
+                        ({"builtin": "choice", "include_path": "x", "margin": 0.1}, "include_path apply to lm_eval suites only"),
+                        ({"builtin": "choice", "num_fewshot": 2, "limit": 5, "margin": 0.1}, "limit, num_fewshot apply to lm_eval"),
+                        (_suite(size=10), "size do not apply to an lm_eval suite"),
+                        ({"builtin": "choice", "margin": 1.5}, "must be at most 1"),
+                        (_suite(num_fewshot=-1), "num_fewshot"), (_suite(limit=0), "limit"),
+                        (_suite(lm_eval=""), "lm_eval")):
+        with pytest.raises(ConfigError, match=says):
+            _cfg(suite)
+
+
+# --- finding and loading tasks ----------------------------------------------------------------------
+
+def test_unknown_task_group_and_tag_are_config_errors_naming_them():
+    from qval.tasks import lmeval
+
+    cfg = _cfg(_suite(lm_eval="qval_choise"))
+    with pytest.raises(ConfigError, match=r"qval_choise is not a task lm-eval knows.*Close names: qval_choice"):
+        lmeval.find_task(cfg.gates.tasks.suites[0], cfg.resolve)
+    for name, says in (("mmlu", r"mmlu is an lm-eval group of tasks \(mmlu_stem"), ("ai2_arc", r"ai2_arc is an lm-eval tag of tasks \(arc_")):
+        cfg = _cfg({"lm_eval": name, "margin": 0.1})
+        with pytest.raises(ConfigError, match=says):
+            lmeval.find_task(cfg.gates.tasks.suites[0], cfg.resolve)
+    cfg = _cfg(_suite(include_path="no/such/folder"))
+    with pytest.raises(ConfigError, match="include_path no/such/folder: no such folder"):
+        lmeval.find_task(cfg.gates.tasks.suites[0], cfg.resolve)
+
+
+def test_relative_data_files_resolve_against_the_yaml_whatever_the_working_directory(tmp_path, monkeypatch):
+    from qval.tasks import lmeval
+
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data" / "a.jsonl").write_text("{}\n")
+    cfg = {"dataset_path": "json", "dataset_kwargs": {"data_files": {"test": "data/a.jsonl", "dev": ["data/*.jsonl", "/abs/x"],
+                                                                     "gone": "missing.jsonl"}, "data_dir": "data"}}
+    out = lmeval.local_paths(cfg, tmp_path)
+    files = out["dataset_kwargs"]["data_files"]
+    assert files["test"] == str(tmp_path / "data/a.jsonl") and files["dev"] == [str(tmp_path / "data/*.jsonl"), "/abs/x"]
+    assert files["gone"] == "missing.jsonl" and out["dataset_kwargs"]["data_dir"] == str(tmp_path / "data")
+    assert out["dataset_path"] == "json" and cfg["dataset_kwargs"]["data_files"]["test"] == "data/a.jsonl"  # input untouched
+
+    monkeypatch.chdir(tmp_path)  # lm-eval (datasets) alone would look for qval_choice.jsonl here
+    suite = _cfg(_suite()).gates.tasks.suites[0]
+    _, task = lmeval.load_task(suite, Path)
+    assert task.task_name == "qval_choice" and len(task.test_docs()) == 40 and len(task.fewshot_docs()) == 5
+
+
+def test_a_task_whose_data_file_is_missing_is_a_data_error(tmp_path):
+    from qval.tasks import lmeval
+
+    (tmp_path / "broken.yaml").write_text((LMEVAL / "qval_choice.yaml").read_text().replace("task: qval_choice", "task: qval_broken")
+                                          .replace("qval_choice.jsonl", "nowhere.jsonl"))
+    cfg = _cfg(_suite(lm_eval="qval_broken", include_path=str(tmp_path)))
+    with pytest.raises(DataError, match=r"lm-eval could not load task qval_broken \(.*broken.yaml\): FileNotFoundError"):
+        lmeval.load_task(cfg.gates.tasks.suites[0], cfg.resolve)
+
+
+def test_the_metric_is_chosen_and_checked_before_any_model_runs(tmp_path):
+    from qval.tasks import lmeval
+
+    def pick(**kw):
+        suite = _cfg(_suite(**kw)).gates.tasks.suites[0]
+        return lmeval.pick_metric(suite, lmeval.load_task(suite, Path)[1])
+
+    assert {k: pick()[k] for k in ("key", "family", "higher_is_better")} == {"key": "acc,none", "family": "mean", "higher_is_better": True}
+    assert pick(metric="acc_norm")["key"] == "acc_norm,none"
+    assert pick(lm_eval="qval_recall")["key"] == "exact_match,first-number"  # its one filter
+    with pytest.raises(ConfigError, match="reports no metric 'f1'; it reports acc, acc_norm"):
+        pick(metric="f1")
+    with pytest.raises(ConfigError, match="no filter 'strict'; its filters: first-number"):
+        pick(lm_eval="qval_recall", metric="exact_match,strict")
+    (tmp_path / "b.yaml").write_text((LMEVAL / "qval_recall.yaml").read_text().replace("task: qval_recall", "task: qval_bleu")
+                                     .replace("qval_recall.jsonl", str(LMEVAL / "qval_recall.jsonl"))
+                                     .replace("metric: exact_match\n    aggregation: mean", "metric: bleu\n    aggregation: bleu"))
+    with pytest.raises(ConfigError, match=r"metric bleu of task qval_bleu is computed by lm-eval over the whole set "
+                                          r"\(aggregation bleu\).*\(none: this task has no per-document metric\)"):
+        pick(lm_eval="qval_bleu", include_path=str(tmp_path))
+
+
+def test_without_lm_eval_validate_and_gate_say_what_to_install(tmp_path, monkeypatch):
+    from tests.reliability.helpers import clean_error, word_config
+
+    from qval.tasks import lmeval
+
+    monkeypatch.setitem(sys.modules, "lm_eval", None)  # `import lm_eval` now raises ImportError
+    cfg = word_config(tmp_path)
+    cfg["gates"]["tasks"] = {"suites": [_suite()]}
+    with pytest.raises(BackendUnavailable) as err:
+        lmeval.require(parse_config(cfg).gates.tasks.suites[0])
+    assert err.value.exit_code == 2
+    path = write_config(tmp_path, cfg)
+    for cmd in (("validate", "--config", path), ("gate", "--config", path, "--out", tmp_path / "runs", "-q")):
+        out = clean_error(*cmd)
+        assert 'needs lm-evaluation-harness' in out and 'pip install "lm-eval==0.4.13"' in out and '.[lmeval]' in out, out
+
+
+def test_validate_names_an_unknown_task(tmp_path):
+    from tests.reliability.helpers import cli, clean_error, word_config
+
+    cfg = word_config(tmp_path)
+    cfg["gates"]["tasks"] = {"suites": [_suite(lm_eval="qval_recal")]}
+    out = clean_error("validate", "--config", write_config(tmp_path, cfg))
+    assert "lm_eval: qval_recal is not a task lm-eval knows" in out and "Close names: qval_recall" in out, out
+    cfg["gates"]["tasks"] = {"suites": [_suite(lm_eval="qval_recall")]}
+    code, out = cli("validate", "--config", write_config(tmp_path, cfg))
+    assert code == 0 and ": valid" in out, out
+
+
+# --- the score rules, on hand-built marks -----------------------------------------------------------
+
+def _score_entry(label, kind, rows, metric, **info):
+    return {"suite": label, "source": f"lm-eval:{label}", "kinds": ["generate_until"], "kind": kind, "output_type": "x",
+            "default_chance": 0.05, "seconds": 1.0, "rows": rows,
+            "lmeval": {"task": label, "metric": metric, "key": f"{metric},none", "output_type": "x", "num_fewshot": 0,
+                       "limit": None, "reference": None, "candidate": None, "lm_eval_version": "0.4.13", **info}}
+
+
+def test_scores_pair_by_mean_difference_and_perplexities_by_their_log_ratio():
+    from qval.report.html import tasks_plots
+    from qval.report.markdown import tasks_section
+
+    ref = [0.9, 0.8, 0.7, 0.6] * 5
+    rows = lambda cand: [{"id": str(i), "excerpt": "…", "expected": "x", "ref_answer": "r", "cand_answer": "c",  # noqa: E731
+                          "ref_score": r, "cand_score": c} for i, (r, c) in enumerate(zip(ref, cand))]
+    cfg = _cfg(_suite(lm_eval="f1ish", margin=0.05), _suite(lm_eval="ppl", margin=0.02), _suite(lm_eval="bpb", margin=0.02))
+    ll = [-50.0, -80.0, -20.0, -65.0]
+    words = [10.0, 16.0, 5.0, 12.0]
+
+    def run(cand, cand_ll, metric_scale=1.0):
+        entries = [_score_entry("f1ish", "mean", rows(cand), "f1ish", higher_is_better=True),
+                   _score_entry("ppl", "loglik", [{"id": str(i), "excerpt": "…", "expected": "", "ref_answer": "", "cand_answer": "",
+                                                   "ref_ll": a, "cand_ll": b, "weight": w, "ref_score": a / w, "cand_score": b / w}
+                                                  for i, (a, b, w) in enumerate(zip(ll, cand_ll, words))],
+                                "word_perplexity", aggregation="weighted_perplexity"),
+                   _score_entry("bpb", "loglik", [{"id": str(i), "excerpt": "…", "expected": "", "ref_answer": "", "cand_answer": "",
+                                                   "ref_ll": a, "cand_ll": b, "weight": w * 5, "ref_score": 0, "cand_score": 0}
+                                                  for i, (a, b, w) in enumerate(zip(ll, cand_ll, words))],
+                                "bits_per_byte", aggregation="bits_per_byte")]
+        r = summarize(cfg, entries, 1.0)
+        return r, decide({"tasks": r}, GATES.get("tasks").thresholds(cfg, r))
+
+    r, v = run(ref, ll)
+    assert v.approved and not v.uninformative, [c.reason for c in v.checks]
+    assert r.measurements["drop@f1ish"].value == 0.0 and r.measurements["drop@ppl"].value == 0.0
+    ppl = math.exp(-sum(ll) / sum(words))
+    assert r.measurements["ref_score@ppl"].value == pytest.approx(ppl) and r.details["suites"][1]["lmeval"]["qval_reference"] == pytest.approx(ppl)
+    lower = [x - 0.1 for x in ref]  # every document 0.1 worse
+    worse = [x - 0.05 * w for x, w in zip(ll, words)]  # 0.05 nats per word lost
+    r, v = run(lower, worse)
+    m = r.measurements
+    assert m["drop@f1ish"].value == pytest.approx(0.1) and m["drop@ppl"].value == pytest.approx(0.05)
+    assert m["cand_score@ppl"].value / m["ref_score@ppl"].value == pytest.approx(math.exp(0.05))
+    assert m["drop@bpb"].value == pytest.approx(0.05 / 5 / math.log(2))  # bits per byte, over 5 bytes a word
+    assert m["ref_score@bpb"].value == pytest.approx(-sum(ll) / (5 * sum(words)) / math.log(2))
+    assert {c.metric for c in v.failures} == {"drop@f1ish", "drop@ppl"}  # bpb: 0.0144 bits/byte is within 0.02
+    by = {s["suite"]: s for s in r.details["suites"]}
+    assert by["ppl"]["drop"]["unit"].startswith("ln(perplexity_candidate / perplexity_reference)") and "per word" in by["ppl"]["drop"]["unit"]
+    assert len(by["f1ish"]["largest_drops"]) == 5 and by["f1ish"]["largest_drops"][0]["item_drop"] == pytest.approx(0.1)
+    md = "\n".join(tasks_section(r.to_dict()))
+    assert "Suites scored per document" in md and "| ppl (lm-eval:ppl) | 4 | word_perplexity,none |" in md
+    assert "Documents whose score dropped most" in md and "lm-eval: reference" in md
+    html = tasks_plots(r.to_dict())
+    assert "bits per byte: candidate − reference" in html and "<img" not in html  # no accuracy bars without a right/wrong suite
+
+
+def test_a_score_suite_with_a_chance_is_uninformative_below_it():
+    rows = [{"id": str(i), "excerpt": "", "expected": "", "ref_answer": "", "cand_answer": "", "ref_score": s, "cand_score": s}
+            for i, s in enumerate([0.1, 0.2, 0.15, 0.12] * 3)]
+    for chance, informative in ((0.5, False), (0.05, True)):
+        cfg = _cfg(_suite(lm_eval="f1ish", margin=0.1, chance=chance))
+        r = summarize(cfg, [_score_entry("f1ish", "mean", copy.deepcopy(rows), "f1ish", higher_is_better=True)], 1.0)
+        check = decide({"tasks": r}, GATES.get("tasks").thresholds(cfg, r)).checks[0]
+        assert (check.outcome != "uninformative") == informative, check.reason
+
+
+# --- the real model -----------------------------------------------------------------------------------
+
+PROSE_TASK = """task: qval_prose_rolling
+dataset_path: json
+dataset_kwargs:
+  data_files:
+    test: prose.jsonl
+test_split: test
+output_type: loglikelihood_rolling
+doc_to_text: ""
+doc_to_target: "{{text}}"
+metric_list:
+  - metric: word_perplexity
+    aggregation: weighted_perplexity
+    higher_is_better: false
+  - metric: bits_per_byte
+    aggregation: bits_per_byte
+    higher_is_better: false
+"""
+
+
+@pytest.fixture(scope="module")
+def prose_task(tmp_path_factory):
+    """A rolling log-likelihood task of four short passages of the shipped held-out prose."""
+    folder = tmp_path_factory.mktemp("prose_task")
+    docs = [json.loads(x)["text"] for x in (ROOT / "calib_data/heldout_eval.jsonl").read_text().splitlines()[:4]]
+    (folder / "prose.jsonl").write_text("".join(json.dumps({"text": d[:600]}) + "\n" for d in docs))
+    (folder / "qval_prose_rolling.yaml").write_text(PROSE_TASK)
+    return folder
+
+
+def _gate(cfg, reference, candidate, tokenizer, folder):
+    folder.mkdir(parents=True, exist_ok=True)
+    r = GATES.get("tasks").run(GateContext(cfg, reference, candidate, tokenizer, folder, folder, "fp"))
+    return r, decide({"tasks": r}, GATES.get("tasks").thresholds(cfg, r))
+
+
+@pytest.fixture(scope="module")
+def identity_run(default_model, prose_task, tmp_path_factory):
+    from qval.engines.hf import HFEngine
+
+    cfg = _cfg(_suite(margin=0.1), _suite(lm_eval="qval_recall", limit=12, margin=0.2),
+               _suite(lm_eval="qval_prose_rolling", include_path=str(prose_task), max_length=128, margin=0.01))
+    m = default_model
+    folder = tmp_path_factory.mktemp("identity")
+    return _gate(cfg, HFEngine(m.model, m.tokenizer), HFEngine(m.model, m.tokenizer), m.tokenizer, folder), folder
+
+
+def _hflm(default_model, task_name, include, **kw):
+    """lm-eval's own run of the task on the same loaded model: HFLM, batch size 1, the task by name
+    from its folder, run in that folder (lm-eval reads relative data_files against the working directory)."""
+    from lm_eval import simple_evaluate
+    from lm_eval.models.huggingface import HFLM
+    from lm_eval.tasks import TaskManager
+
+    lm = HFLM(pretrained=default_model.model, tokenizer=copy.deepcopy(default_model.tokenizer), batch_size=1,
+              max_length=kw.pop("max_length", None))
+    here = os.getcwd()
+    os.chdir(include)
+    try:
+        return simple_evaluate(model=lm, tasks=[task_name], task_manager=TaskManager(include_path=str(include), include_defaults=False),
+                               log_samples=True, bootstrap_iters=0, **kw)
+    finally:
+        os.chdir(here)
+
+
+@pytest.mark.slow
+def test_the_identity_candidate_has_no_flips_and_passes(identity_run):
+    (r, v), folder = identity_run
+    assert r.status == "ok", r.error
+    assert v.approved and not v.uninformative, [c.reason for c in v.checks]
+    by = {s["suite"]: s for s in r.details["suites"]}
+    assert by["qval_choice"]["kind"] == "binary" and by["qval_choice"]["n"] == 40 and by["qval_choice"]["flipped"] == []
+    assert by["qval_recall"]["n"] == 12 and by["qval_recall"]["lmeval"]["key"] == "exact_match,first-number"
+    assert by["qval_prose_rolling"]["kind"] == "loglik" and by["qval_prose_rolling"]["drop"]["drop"] == 0.0
+    for s in by.values():
+        assert s["drop"]["drop"] == 0.0 and s["lmeval"]["reference"] == s["lmeval"]["candidate"]
+        assert s["lmeval"]["qval_reference"] == pytest.approx(s["lmeval"]["reference"], rel=1e-12)  # qval's figure is lm-eval's
+    lines = [json.loads(x) for x in (folder / "items.jsonl").read_text().splitlines()]
+    choice = [x for x in lines if x["suite"] == "qval_choice"]
+    assert len(choice) == 40 and choice[0]["kind"] == "lm-eval:multiple_choice" and choice[0]["excerpt"].endswith("Answer:")
+    assert {x["ref_answer"] for x in choice} <= {c for x in choice for c in json.loads(
+        (LMEVAL / "qval_choice.jsonl").read_text().splitlines()[int(x["id"])])["choices"]}
+    recall = [x for x in lines if x["suite"] == "qval_recall"]
+    assert all(x["expected"].isdigit() for x in recall) and any(x["ref_right"] for x in recall)
+    from qval.report.markdown import tasks_section
+
+    md = "\n".join(tasks_section(r.to_dict()))
+    assert "| qval_choice (lm-eval:qval_choice) | 40 | 0.25 |" in md
+    assert "qval_choice (multiple_choice, acc,none, 0-shot)" in md and "qval_recall (generate_until, exact_match,first-number, 0-shot, first 12 documents)" in md
+
+
+@pytest.mark.slow
+def test_the_references_accuracy_is_lm_evals_own(identity_run, default_model, prose_task):
+    """The done-when of the lm-eval suites: qval's accuracy for the reference on the shipped local
+    task equals lm_eval.simple_evaluate's with lm-eval's HFLM on the same model, document by document."""
+    (r, _), folder = identity_run
+    by = {s["suite"]: s for s in r.details["suites"]}
+    theirs = _hflm(default_model, "qval_choice", LMEVAL)
+    acc = theirs["results"]["qval_choice"]["acc,none"]
+    ours = by["qval_choice"]["drop"]["ref_accuracy"]
+    print(f"\nqval_choice, 40 documents: qval's reference accuracy {ours!r}, lm-eval HFLM acc {acc!r}")
+    assert ours == acc == by["qval_choice"]["lmeval"]["reference"]
+    marks = {str(s["doc_id"]): bool(s["acc"]) for s in theirs["samples"]["qval_choice"]}
+    items = {x["id"]: x["ref_right"] for x in map(json.loads, (folder / "items.jsonl").read_text().splitlines())
+             if x["suite"] == "qval_choice"}
+    assert items == marks and len(marks) == 40
+
+    theirs = _hflm(default_model, "qval_recall", LMEVAL, limit=12)
+    assert by["qval_recall"]["drop"]["ref_accuracy"] == theirs["results"]["qval_recall"]["exact_match,first-number"]
+    assert {x["id"]: x["ref_answer"] for x in map(json.loads, (folder / "items.jsonl").read_text().splitlines())
+            if x["suite"] == "qval_recall"} == {str(s["doc_id"]): s["filtered_resps"][0] for s in theirs["samples"]["qval_recall"]}
+    theirs = _hflm(default_model, "qval_prose_rolling", prose_task, max_length=128)
+    assert by["qval_prose_rolling"]["drop"]["ref_value"] == pytest.approx(
+        theirs["results"]["qval_prose_rolling"]["word_perplexity,none"], rel=1e-5)
+
+
+def _wrapper(default_model, max_length=8192, engine=None):
+    from qval.engines.hf import HFEngine
+    from qval.tasks.lmeval_lm import EngineLM
+
+    return EngineLM(engine or HFEngine(default_model.model, default_model.tokenizer), default_model.tokenizer, "reference", max_length)
+
+
+@pytest.mark.slow
+def test_few_shot_prompts_and_log_likelihoods_are_lm_evals_own(default_model):
+    from qval.tasks import lmeval
+
+    theirs = _hflm(default_model, "qval_choice", LMEVAL, num_fewshot=2, limit=10)["samples"]["qval_choice"]
+    suite = _cfg(_suite(num_fewshot=2, limit=10)).gates.tasks.suites[0]
+    tm, task = lmeval.load_task(suite, Path)
+    ours = lmeval.evaluate(_wrapper(default_model), suite, tm, task)["samples"]["qval_choice"]
+    assert [s["prompt_hash"] for s in ours] == [s["prompt_hash"] for s in theirs] and len(ours) == 10
+    assert "Question: What colour is fresh snow?" in ours[0]["arguments"][0][0]  # the dev split's first two, first_n
+    assert [s["acc"] for s in ours] == [s["acc"] for s in theirs]
+    lls = lambda samples: [r[0] for s in samples for r in s["filtered_resps"]]  # noqa: E731
+    assert lls(ours) == pytest.approx(lls(theirs), abs=1e-4)
+
+
+@pytest.mark.slow
+def test_rolling_log_likelihood_and_generate_until_match_hflm(default_model):
+    from lm_eval.api.instance import Instance
+    from lm_eval.models.huggingface import HFLM
+
+    text = " ".join(json.loads((ROOT / "calib_data/heldout_eval.jsonl").read_text().splitlines()[1])["text"].split()[:60])
+    hf = HFLM(pretrained=default_model.model, tokenizer=copy.deepcopy(default_model.tokenizer), batch_size=1, max_length=24)
+    ours = _wrapper(default_model, max_length=24)
+    assert len(ours.tok_encode(text)) > 2 * 24  # several rolling windows
+    rolling = [Instance("loglikelihood_rolling", {}, (t,), 0, ("t", i, 1)) for i, t in enumerate((text, "Short text."))]
+    a, b = ours.loglikelihood_rolling(rolling), hf.loglikelihood_rolling(rolling, disable_tqdm=True)
+    print(f"\nrolling log-likelihood: qval {a}, HFLM {b}")
+    assert a == pytest.approx(b, abs=1e-3) and a[0] < a[1] < 0
+    pairs = [Instance("loglikelihood", {}, (c, x), 0, ("t", i, 1)) for i, (c, x) in
+             enumerate((("The capital of France is", " Paris"), ("", "Hello there"), ("Two plus two is ", "four")))]
+    for (ll, greedy), (ll2, greedy2) in zip(ours.loglikelihood(pairs), hf.loglikelihood(pairs, disable_tqdm=True)):
+        assert ll == pytest.approx(ll2, abs=1e-4) and greedy == greedy2
+    gen = [Instance("generate_until", {}, (c, {"until": ["\n", "."], "max_gen_toks": 12, "do_sample": False}), 0, ("t", i, 1))
+           for i, c in enumerate(("The capital of France is", "Once upon a time", "1, 2, 3, 4,"))]
+    hf = HFLM(pretrained=default_model.model, tokenizer=copy.deepcopy(default_model.tokenizer), batch_size=1)
+    texts = _wrapper(default_model).generate_until(gen)
+    assert texts == hf.generate_until(gen, disable_tqdm=True) and all("\n" not in t and "." not in t for t in texts), texts
+    sampled = [Instance("generate_until", {}, ("Hi", {"until": ["\n"], "do_sample": True, "temperature": 0.7}), 0, ("t", 0, 1))]
+    with pytest.raises(ConfigError, match="asks for sampled generations"):
+        _wrapper(default_model).generate_until(sampled)
+
+
+def _damaged(model: torch.nn.Module) -> torch.nn.Module:
+    m = copy.deepcopy(model)
+    with torch.no_grad():
+        m.model.layers[len(m.model.layers) // 2].mlp.down_proj.weight.mul_(30.0)
+    return m
+
+
+@pytest.mark.slow
+def test_a_damaged_candidate_is_rejected_and_a_nan_one_is_nonfinite(default_model, tmp_path):
+    from qval.engines.hf import HFEngine
+
+    m = default_model
+    cfg = _cfg(_suite(limit=20, margin=0.1))
+    ref = HFEngine(m.model, m.tokenizer)
+    r, v = _gate(cfg, ref, HFEngine(_damaged(m.model), m.tokenizer), m.tokenizer, tmp_path / "damaged")
+    assert r.status == "ok" and not v.approved, [c.reason for c in v.checks]
+    s = r.details["suites"][0]
+    assert s["flipped"] and s["counts"]["ref_only"] > s["counts"]["cand_only"] and s["lmeval"]["candidate"] < s["lmeval"]["reference"]
+    assert s["lmeval"]["qval_candidate"] == s["lmeval"]["candidate"]
+
+    class NaN(HFEngine):
+        def logits_pieces(self, input_ids, piece):
+            for x in super().logits_pieces(input_ids, piece):
+                yield torch.full_like(x, float("nan"))
+
+    r, _ = _gate(_cfg(_suite(limit=2)), ref, NaN(m.model, m.tokenizer), m.tokenizer, tmp_path / "nan")
+    assert r.status == "nonfinite" and "candidate produced non-finite logits on item document 0" in r.error, r.error
