@@ -170,6 +170,50 @@ def test_validate_names_an_unknown_task(tmp_path):
     assert code == 0 and ": valid" in out, out
 
 
+@pytest.fixture(scope="module")
+def tokenizer():
+    from qval.config import ModelConfig
+    from qval.models import load_tokenizer
+
+    return load_tokenizer(ModelConfig())
+
+
+class FlatEngine:
+    """Equal logits everywhere (every option scores the same), or an engine that fails."""
+
+    def __init__(self, vocab: int, fail: bool = False) -> None:
+        self.vocab, self.fail = vocab, fail
+
+    def logits_pieces(self, input_ids, piece):
+        if self.fail:
+            raise RuntimeError("a bug in the engine")
+        yield torch.zeros(1, input_ids.shape[1], self.vocab)
+
+
+def test_a_failing_task_is_a_data_error_and_a_failing_engine_is_not(tmp_path, tokenizer):
+    """The task's own code failing (here its process_results) is the user's to fix: DataError,
+    exit 2, naming the task. The engine failing is qval's: its own exception, not a DataError."""
+    from qval.tasks import lmeval
+    from qval.tasks.lmeval_lm import EngineLM
+
+    (tmp_path / "boom.py").write_text("def process(doc, results):\n    raise ValueError('no answer key in this doc')\n")
+    (tmp_path / "boom.yaml").write_text((LMEVAL / "qval_choice.yaml").read_text().replace("task: qval_choice", "task: qval_boom")
+                                        .replace("qval_choice", str(LMEVAL / "qval_choice")) + "process_results: !function boom.process\n")
+    suite = _cfg(_suite(lm_eval="qval_boom", include_path=str(tmp_path), limit=2)).gates.tasks.suites[0]
+    lm = EngineLM(FlatEngine(len(tokenizer)), tokenizer, "reference", 256)
+    tm, task = lmeval.load_task(suite, Path)
+    with pytest.raises(DataError, match="lm-eval failed running task qval_boom on the reference: ValueError: no answer key"):
+        lmeval.evaluate(lm, suite, tm, task)
+    suite = _cfg(_suite(limit=2)).gates.tasks.suites[0]
+    tm, task = lmeval.load_task(suite, Path)
+    with pytest.raises(RuntimeError, match="a bug in the engine") as err:
+        lmeval.evaluate(EngineLM(FlatEngine(len(tokenizer), fail=True), tokenizer, "candidate", 256), suite, tm, task)
+    assert not isinstance(err.value, QvalError)
+    tm, task = lmeval.load_task(suite, Path)
+    samples = lmeval.evaluate(lm, suite, tm, task)["samples"]["qval_choice"]  # flat logits: ties, lm-eval picks the first
+    assert [s["acc"] for s in samples] == [1.0, 0.0] and samples[0]["filtered_resps"][0][0] == pytest.approx(-math.log(len(tokenizer)))
+
+
 # --- the score rules, on hand-built marks -----------------------------------------------------------
 
 def _score_entry(label, kind, rows, metric, **info):
