@@ -176,10 +176,13 @@ def run_lmeval_suite(ctx: GateContext, suite: TaskSuite) -> dict[str, Any]:
 
     g = ctx.config.gates.tasks
     length = lmeval_max_length(ctx, suite)
-    results, how, task = {}, None, None
+    results, how, task, note = {}, None, None, None
     for who, engine in (("reference", ctx.reference), ("candidate", ctx.candidate)):
         tm, task = lmeval.load_task(suite, ctx.config.resolve)  # a fresh task per model: lm-eval keeps state in it
-        how = how or lmeval.pick_metric(suite, task)
+        if how is None:
+            how = lmeval.pick_metric(suite, task)
+            where = f"gates.tasks.suites[{g.suites.index(suite)}].limit"
+            note = lmeval.limit_note(suite, task, where, ctx.config.max_shortfall)
         try:
             results[who] = lmeval.evaluate(EngineLM(engine, ctx.tokenizer, who, length, g.batch_size, g.piece), suite, tm, task)
         except NonFiniteLogits as err:
@@ -200,7 +203,7 @@ def run_lmeval_suite(ctx: GateContext, suite: TaskSuite) -> dict[str, Any]:
             "candidate": lmeval.figure(how, results["candidate"], task)}
     return {"suite": suite.label, "source": f"lm-eval:{suite.lm_eval}", "kinds": [task.OUTPUT_TYPE], "kind": kind,
             "output_type": task.OUTPUT_TYPE, "default_chance": lmeval.default_chance(task, results["reference"], how["filter"]),
-            "lmeval": info, "rows": rows}
+            "lmeval": info, "rows": rows, **({"shortfall": note} if note else {})}
 
 
 def run(ctx: GateContext) -> GateResult:
@@ -262,7 +265,9 @@ def summarize(cfg: GateConfig, suites: list[dict[str, Any]], seconds: float) -> 
         out.append({**s, "n": c.n, "counts": c.to_dict(), "drop": ni, "flipped": flips, "alpha": suite.alpha,
                     "interval": f"Newcombe paired, two-sided {1 - 2 * suite.alpha:.0%} (its upper end is the one-sided "
                                 f"{1 - suite.alpha:.0%} bound); flip and net-loss intervals Clopper–Pearson 95%"})
-    return GateResult("tasks", "ok", measurements=measurements, details={"suites": out}, seconds=seconds)
+    notes = [s["shortfall"] for s in out if s.get("shortfall")]
+    details = {"suites": out, **({"shortfall": "; ".join(notes)} if notes else {})}
+    return GateResult("tasks", "ok", measurements=measurements, details=details, seconds=seconds)
 
 
 SHOWN_DROPS = 5  # items of a score suite listed in the report: the largest per-item drops
@@ -387,16 +392,23 @@ def lmeval_identity(cfg: GateConfig, suite: TaskSuite) -> dict[str, Any]:
 
 
 def check(cfg: GateConfig, tokenizer: Any) -> str | None:
-    """Preflight of the lm-eval suites (the pass without a tokenizer): lm-eval installed, the
-    include_path a folder, the task a name lm-eval knows and one task, not a group."""
-    if tokenizer is not None:
-        return None
+    """Preflight of the lm-eval suites. Without a tokenizer: lm-eval installed, the include_path a
+    folder, the task a name lm-eval knows and one task, not a group or tag. With it (the budget
+    pass): the task loaded (its data read), its metric one with a per-document score, and its
+    documents against the suite's limit (a shortfall note)."""
     from ..tasks import lmeval
 
-    for suite in cfg.gates.tasks.suites:
-        if suite.lm_eval is not None:
+    notes = []
+    for i, suite in enumerate(cfg.gates.tasks.suites):
+        if suite.lm_eval is None:
+            continue
+        if tokenizer is None:
             lmeval.find_task(suite, cfg.resolve)
-    return None
+            continue
+        _, task = lmeval.load_task(suite, cfg.resolve)
+        lmeval.pick_metric(suite, task)
+        notes.append(lmeval.limit_note(suite, task, f"gates.tasks.suites[{i}].limit", cfg.max_shortfall))
+    return "; ".join(n for n in notes if n) or None
 
 
 GATES.register("tasks")(GateSpec("tasks", run, thresholds, inputs, lambda c: c.gates.tasks.enabled, check=check))

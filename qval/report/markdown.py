@@ -230,6 +230,8 @@ def tasks_section(g: dict[str, Any]) -> list[str]:
              "passes when the one-sided upper bound of its drop (reference − candidate: the accuracy, with Newcombe's "
              "paired interval; for a suite scored per document, the metric's paired mean difference or the perplexity's "
              "log ratio, with a normal interval) is within its margin. Every item is in the stage folder's items.jsonl."]
+    if d.get("shortfall"):
+        lines.append(f"Note: {d['shortfall']}.")
     if binary:
         lines += ["", "| suite | items | chance | reference [Wilson] | candidate [Wilson] | drop [interval] | detects drops ≥ | "
                   "flips (right→wrong) [exact] | McNemar p | seconds |", "|---|---|---|---|---|---|---|---|---|---|"]

@@ -165,11 +165,7 @@ def load_task(suite: Any, resolve: Callable[[str], Path]) -> tuple[Any, Any]:
         where = f" ({entry.yaml_path})" if entry.yaml_path else ""
         raise DataError(f"gates.tasks suite {suite.label}: lm-eval could not load task {suite.lm_eval}{where}: "
                         f"{type(err).__name__}: {str(err).strip()[:400]}") from None
-    tasks = list(loaded["tasks"].values())
-    if len(tasks) != 1:
-        raise ConfigError(f"gates.tasks suite {suite.label}: lm_eval: {suite.lm_eval} loads {len(tasks)} tasks, not one; "
-                          "name each as its own suite.")
-    return tm, tasks[0]
+    return tm, next(iter(loaded["tasks"].values()))  # one task: find_task refused groups and tags
 
 
 # --- the metric ---------------------------------------------------------------------------------
@@ -215,6 +211,20 @@ def pick_metric(suite: Any, task: Any) -> dict[str, Any]:
                           "is better (higher_is_better in its metric_list); set it in the task's YAML.")
     return {"metric": name, "filter": filt, "key": f"{name},{filt}", "aggregation": agg, "family": family,
             "higher_is_better": bool(higher) if higher is not None else False}
+
+
+def limit_note(suite: Any, task: Any, where: str, max_fraction: float) -> str | None:
+    """A shortfall note when the task has fewer documents than the suite's limit asks for (a
+    DataError past max_shortfall, as every budget); None without a limit."""
+    from ..shortfall import shortfall
+
+    if suite.limit is None:
+        return None
+    try:
+        n = len(task.eval_docs)
+    except Exception as err:  # noqa: BLE001 - lm-eval: a task with neither test nor validation docs
+        raise DataError(f"gates.tasks suite {suite.label}: task {suite.lm_eval} has no documents to evaluate: {err}") from None
+    return shortfall(where, suite.limit, n, f"documents of task {suite.lm_eval}", max_fraction)
 
 
 # --- running ------------------------------------------------------------------------------------

@@ -73,6 +73,19 @@ def test_config_takes_exactly_one_source_and_lm_eval_keys_only_with_it():
             _cfg(suite)
 
 
+def test_the_shipped_tasks_never_overlap_calibration():
+    """calib_data's rule for held-out sets holds for the lm-eval tasks' data too."""
+    from tests.test_data import spans, texts
+
+    calib = set().union(*(spans(t) for t in texts("general_mix.jsonl")))
+    for name in ("qval_choice.jsonl", "qval_choice_dev.jsonl", "qval_recall.jsonl"):
+        rows = [json.loads(x) for x in (LMEVAL / name).read_text(encoding="utf-8").splitlines()]
+        assert rows and len({r["id"] for r in rows}) == len(rows)
+        for r in rows:
+            shown = " ".join(str(v) for k, v in r.items() if k != "id")
+            assert not spans(shown) & calib, (name, r["id"])
+
+
 # --- finding and loading tasks ----------------------------------------------------------------------
 
 def test_unknown_task_group_and_tag_are_config_errors_naming_them():
@@ -95,11 +108,11 @@ def test_relative_data_files_resolve_against_the_yaml_whatever_the_working_direc
 
     (tmp_path / "data").mkdir()
     (tmp_path / "data" / "a.jsonl").write_text("{}\n")
-    cfg = {"dataset_path": "json", "dataset_kwargs": {"data_files": {"test": "data/a.jsonl", "dev": ["data/*.jsonl", "/abs/x"],
+    cfg = {"dataset_path": "json", "dataset_kwargs": {"data_files": {"test": "data/a.jsonl", "dev": ["data/*.jsonl", "/abs/x", "https://host/x.jsonl"],
                                                                      "gone": "missing.jsonl"}, "data_dir": "data"}}
     out = lmeval.local_paths(cfg, tmp_path)
     files = out["dataset_kwargs"]["data_files"]
-    assert files["test"] == str(tmp_path / "data/a.jsonl") and files["dev"] == [str(tmp_path / "data/*.jsonl"), "/abs/x"]
+    assert files["test"] == str(tmp_path / "data/a.jsonl") and files["dev"] == [str(tmp_path / "data/*.jsonl"), "/abs/x", "https://host/x.jsonl"]
     assert files["gone"] == "missing.jsonl" and out["dataset_kwargs"]["data_dir"] == str(tmp_path / "data")
     assert out["dataset_path"] == "json" and cfg["dataset_kwargs"]["data_files"]["test"] == "data/a.jsonl"  # input untouched
 
@@ -116,6 +129,9 @@ def test_a_task_whose_data_file_is_missing_is_a_data_error(tmp_path):
                                           .replace("qval_choice.jsonl", "nowhere.jsonl"))
     cfg = _cfg(_suite(lm_eval="qval_broken", include_path=str(tmp_path)))
     with pytest.raises(DataError, match=r"lm-eval could not load task qval_broken \(.*broken.yaml\): FileNotFoundError"):
+        lmeval.load_task(cfg.gates.tasks.suites[0], cfg.resolve)
+    (tmp_path / "broken.yaml").write_text("task: qval_broken\nprocess_docs: !function nowhere.fix\n")
+    with pytest.raises(DataError, match=r"lm-eval could not read .*broken.yaml: ImportError: Cannot import module 'nowhere'"):
         lmeval.load_task(cfg.gates.tasks.suites[0], cfg.resolve)
 
 
@@ -136,6 +152,11 @@ def test_the_metric_is_chosen_and_checked_before_any_model_runs(tmp_path):
     (tmp_path / "b.yaml").write_text((LMEVAL / "qval_recall.yaml").read_text().replace("task: qval_recall", "task: qval_bleu")
                                      .replace("qval_recall.jsonl", str(LMEVAL / "qval_recall.jsonl"))
                                      .replace("metric: exact_match\n    aggregation: mean", "metric: bleu\n    aggregation: bleu"))
+    (tmp_path / "r.yaml").write_text(PROSE_TASK.replace("prose.jsonl", str(tmp_path / "prose.jsonl")))
+    (tmp_path / "prose.jsonl").write_text('{"text": "A short passage of prose."}\n')
+    assert pick(lm_eval="qval_prose_rolling", include_path=str(tmp_path))["key"] == "word_perplexity,none"
+    with pytest.raises(ConfigError, match="is a perplexity, not right/wrong marks: max_flip_rate and chance do not apply"):
+        pick(lm_eval="qval_prose_rolling", include_path=str(tmp_path), chance=0.1)
     with pytest.raises(ConfigError, match=r"metric bleu of task qval_bleu is computed by lm-eval over the whole set "
                                           r"\(aggregation bleu\).*\(none: this task has no per-document metric\)"):
         pick(lm_eval="qval_bleu", include_path=str(tmp_path))
@@ -158,16 +179,21 @@ def test_without_lm_eval_validate_and_gate_say_what_to_install(tmp_path, monkeyp
         assert 'needs lm-evaluation-harness' in out and 'pip install "lm-eval==0.4.13"' in out and '.[lmeval]' in out, out
 
 
-def test_validate_names_an_unknown_task(tmp_path):
+def test_validate_names_an_unknown_task_a_bad_metric_and_a_short_task(tmp_path):
     from tests.reliability.helpers import cli, clean_error, word_config
 
     cfg = word_config(tmp_path)
     cfg["gates"]["tasks"] = {"suites": [_suite(lm_eval="qval_recal")]}
     out = clean_error("validate", "--config", write_config(tmp_path, cfg))
     assert "lm_eval: qval_recal is not a task lm-eval knows" in out and "Close names: qval_recall" in out, out
-    cfg["gates"]["tasks"] = {"suites": [_suite(lm_eval="qval_recall")]}
+    cfg["gates"]["tasks"] = {"suites": [_suite(lm_eval="qval_recall", limit=50)]}
     code, out = cli("validate", "--config", write_config(tmp_path, cfg))
     assert code == 0 and ": valid" in out, out
+    assert "shortfall: gates.tasks.suites[0].limit: asked for 50 documents of task qval_recall, the data holds 30 (40% short)" in out
+    for suite, says in ((_suite(lm_eval="qval_recall", limit=100), "shortfall beyond max_shortfall"),
+                        (_suite(metric="f1"), "task qval_choice reports no metric 'f1'")):
+        cfg["gates"]["tasks"] = {"suites": [suite]}
+        assert says in clean_error("validate", "--config", write_config(tmp_path, cfg))
 
 
 @pytest.fixture(scope="module")
@@ -179,15 +205,133 @@ def tokenizer():
 
 
 class FlatEngine:
-    """Equal logits everywhere (every option scores the same), or an engine that fails."""
+    """Equal logits everywhere (every option scores the same) and a fixed generation (`says`,
+    optionally NaN from step `nan_at`), or an engine that fails."""
 
-    def __init__(self, vocab: int, fail: bool = False) -> None:
-        self.vocab, self.fail = vocab, fail
+    def __init__(self, vocab: int, fail: bool = False, says: list[int] | None = None, nan_at: int | None = None) -> None:
+        self.vocab, self.fail, self.says, self.nan_at = vocab, fail, says or [], nan_at
 
     def logits_pieces(self, input_ids, piece):
         if self.fail:
             raise RuntimeError("a bug in the engine")
         yield torch.zeros(1, input_ids.shape[1], self.vocab)
+
+    def generate(self, prompts, max_new_tokens, *, suppress_eos, batch_size, progress=None):
+        from qval.engines.base import Generation
+
+        if self.fail:
+            raise RuntimeError("a bug in the engine")
+        return Generation([self.says[:max_new_tokens] for _ in prompts], [self.nan_at for _ in prompts])
+
+
+def _request(kind, args, doc_id=0):
+    from lm_eval.api.instance import Instance
+
+    return Instance(kind, {}, args, 0, ("t", doc_id, 1))
+
+
+def test_the_wrapper_refuses_what_it_cannot_score_and_cuts_generations_as_hflm(tokenizer):
+    from qval.tasks.lmeval_lm import EngineFailed, EngineLM, NonFiniteLogits
+
+    flat = EngineLM(FlatEngine(len(tokenizer)), tokenizer, "candidate", 16)
+    assert flat.tok_encode("one two three", left_truncate_len=1) == tokenizer.encode("one two three")[-1:]
+    with pytest.raises(DataError, match="empty continuation"):
+        flat.loglikelihood([_request("loglikelihood", ("Some context", ""))])
+    with pytest.raises(DataError, match="a continuation of .* tokens is longer than the context \\(16 tokens\\)"):
+        flat.loglikelihood([_request("loglikelihood", ("Hi", " one two three four five six seven eight nine ten eleven twelve thirteen "
+                                                       "fourteen fifteen sixteen seventeen"))])
+    with pytest.raises(ConfigError, match="generates 20 tokens, which leaves no room for a prompt"):
+        flat.generate_until([_request("generate_until", ("Hi", {"until": ["\n"], "max_gen_toks": 20}))])
+    says = tokenizer.encode(" 437.\nMore", add_special_tokens=False)
+    gen = [_request("generate_until", ("Code:", {"until": ["\n"], "max_gen_toks": 8}), i) for i in range(2)]
+    assert EngineLM(FlatEngine(len(tokenizer), says=says), tokenizer, "x", 64).generate_until(gen) == [" 437.", " 437."]
+    late = EngineLM(FlatEngine(len(tokenizer), says=says, nan_at=len(says) - 1), tokenizer, "x", 64)
+    assert late.generate_until(gen[:1]) == [" 437."]  # NaN after where HFLM would have stopped: never produced
+    with pytest.raises(NonFiniteLogits, match="the candidate produced non-finite logits on document 1"):
+        EngineLM(FlatEngine(len(tokenizer), says=says, nan_at=0), tokenizer, "candidate", 64).generate_until(gen[1:])
+    with pytest.raises(EngineFailed):
+        EngineLM(FlatEngine(len(tokenizer), fail=True), tokenizer, "x", 64).generate_until(gen)
+
+
+def test_pairing_refuses_what_it_cannot_pair():
+    from types import SimpleNamespace
+
+    from qval.tasks import lmeval
+
+    task = SimpleNamespace(task_name="t", OUTPUT_TYPE="loglikelihood")
+    suite = _cfg(_suite(lm_eval="t")).gates.tasks.suites[0]
+    how = {"metric": "acc", "filter": "none", "family": "mean"}
+
+    def sample(doc_id, acc, prompt="p", ll=-1.5):
+        return {"doc_id": doc_id, "filter": "none", "prompt_hash": prompt, "arguments": [("The end of a", " sentence")],
+                "filtered_resps": [(ll, bool(acc))], "target": " sentence", "acc": acc}
+
+    def pair(ref, cand, how=how):
+        return lmeval.pair_rows(suite, task, how, {"samples": {"t": ref}}, {"samples": {"t": cand}})
+
+    kind, rows = pair([sample(0, 1), sample(1, 0)], [sample(1, 1), sample(0, 1)])
+    assert kind == "binary" and [(r["id"], r["ref_right"], r["cand_right"]) for r in rows] == [("0", True, True), ("1", False, True)]
+    assert rows[0]["ref_answer"] == "log p -1.500, greedy" and rows[0]["expected"] == " sentence"
+    kind, rows = pair([sample(0, 0.5)], [sample(0, 1)])
+    assert kind == "mean" and (rows[0]["ref_score"], rows[0]["cand_score"]) == (0.5, 1.0)
+    kind, rows = pair([sample(0, (-3.0, 2))], [sample(0, (-4.0, 2))], {**how, "family": "loglik"})
+    assert kind == "loglik" and (rows[0]["ref_ll"], rows[0]["weight"], rows[0]["cand_score"]) == (-3.0, 2.0, -2.0)
+    for ref, cand, says in (([sample(0, 1)], [sample(1, 1)], "scored different documents"),
+                            ([sample(0, 1)], [sample(0, 1, prompt="q")], "different prompts for document 0"),
+                            ([sample(0, "yes")], [sample(0, 1)], "has no number for metric acc"),
+                            ([], [], "gave no documents")):
+        with pytest.raises(DataError, match=says):
+            pair(ref, cand)
+    with pytest.raises(DataError, match="no \\(log-likelihood, weight\\) value"):
+        pair([sample(0, "x")], [sample(0, (-1.0, 1))], {**how, "family": "loglik"})
+    # the option each multiple-choice metric picks
+    assert [lmeval._choice_pick(m, [-4.0, -6.0, -1.0, -5.0], ["a", "bbbbbb", "cc", "d"]) for m in ("acc", "acc_norm")] == [2, 2]
+    assert lmeval._choice_pick("acc_norm", [-4.0, -6.0], ["a", "bbbbbbbbbbbbbbb"]) == 1
+    assert lmeval._choice_pick("acc_bytes", [-4.0, -6.0], ["é", "bbbbbbbbbbbb"]) == 1
+    assert lmeval._choice_pick("acc_mutual_info", [-4.0, -6.0, -1.0, -9.0], ["a", "b"]) == 1
+
+
+SCORED_TASK = """task: qval_scored
+dataset_path: json
+dataset_kwargs:
+  data_files:
+    test: {data}
+test_split: test
+output_type: multiple_choice
+doc_to_text: "Question: {{{{question}}}}\\nAnswer:"
+doc_to_choice: choices
+doc_to_target: label
+process_results: !function scored.process
+metric_list:
+  - metric: score
+    aggregation: mean
+{higher}metadata:
+  version: 1.0
+"""
+
+
+def test_a_per_document_score_is_gated_on_its_mean_and_needs_a_direction(tmp_path, tokenizer):
+    """A task whose metric is a score (here half a point for the first option): the mean rule, on the
+    whole gate path; max_flip_rate does not apply to it, and a metric of unknown direction is refused."""
+    (tmp_path / "scored.py").write_text("def process(doc, results):\n    return {'score': 0.5 if doc['label'] == 0 else 0.0}\n")
+    flat = FlatEngine(len(tokenizer))
+    for higher in ("    higher_is_better: true\n", ""):
+        (tmp_path / "qval_scored.yaml").write_text(SCORED_TASK.format(data=LMEVAL / "qval_choice.jsonl", higher=higher))
+        cfg = _cfg(_suite(lm_eval="qval_scored", include_path=str(tmp_path), margin=0.05))
+        if not higher:
+            with pytest.raises(ConfigError, match="does not say whether a higher score is better"):
+                GATES.get("tasks").run(GateContext(cfg, flat, flat, tokenizer, tmp_path, tmp_path, "fp"))
+            continue
+        r = GATES.get("tasks").run(GateContext(cfg, flat, flat, tokenizer, tmp_path, tmp_path, "fp"))
+        s = r.details["suites"][0]
+        assert s["kind"] == "mean" and s["drop"]["ref_value"] == pytest.approx(0.125) == s["lmeval"]["reference"]
+        assert decide({"tasks": r}, GATES.get("tasks").thresholds(cfg, r)).approved and "ref_score@qval_scored" in r.measurements
+        cfg = _cfg(_suite(lm_eval="qval_scored", include_path=str(tmp_path), margin=0.05, max_flip_rate=0.1))
+        with pytest.raises(ConfigError, match="is a score, not right/wrong marks: max_flip_rate does not apply"):
+            GATES.get("tasks").run(GateContext(cfg, flat, flat, tokenizer, tmp_path, tmp_path, "fp"))
+    cfg = _cfg(_suite(margin=1.5, limit=4))
+    with pytest.raises(ConfigError, match="margin 1.5 is an accuracy drop .* it must be at most 1"):
+        GATES.get("tasks").run(GateContext(cfg, flat, flat, tokenizer, tmp_path, tmp_path, "fp"))
 
 
 def test_a_failing_task_is_a_data_error_and_a_failing_engine_is_not(tmp_path, tokenizer):
@@ -212,6 +356,23 @@ def test_a_failing_task_is_a_data_error_and_a_failing_engine_is_not(tmp_path, to
     tm, task = lmeval.load_task(suite, Path)
     samples = lmeval.evaluate(lm, suite, tm, task)["samples"]["qval_choice"]  # flat logits: ties, lm-eval picks the first
     assert [s["acc"] for s in samples] == [1.0, 0.0] and samples[0]["filtered_resps"][0][0] == pytest.approx(-math.log(len(tokenizer)))
+
+
+def test_the_gate_on_flat_engines_notes_a_short_task_and_finds_it_uninformative(tmp_path, tokenizer):
+    """The whole gate path without a model: equal logits make every option tie, lm-eval then picks
+    the first, which is right on a quarter of the shipped questions: exactly chance."""
+    from qval.report.markdown import tasks_section
+
+    cfg = _cfg(_suite(limit=50))
+    flat = FlatEngine(len(tokenizer))
+    r = GATES.get("tasks").run(GateContext(cfg, flat, flat, tokenizer, tmp_path, tmp_path, "fp"))
+    assert r.status == "ok", r.error
+    s = r.details["suites"][0]
+    assert s["n"] == 40 and s["drop"]["ref_accuracy"] == 0.25 == s["lmeval"]["reference"] and s["lmeval"]["max_length"] == 2048
+    note = "gates.tasks.suites[0].limit: asked for 50 documents of task qval_choice, the data holds 40 (20% short)"
+    assert r.details["shortfall"] == note and f"Note: {note}." in "\n".join(tasks_section(r.to_dict()))
+    check = decide({"tasks": r}, GATES.get("tasks").thresholds(cfg, r)).checks[0]
+    assert check.outcome == "uninformative" and "answers 10 of 40 items of suite qval_choice" in check.reason
 
 
 # --- the score rules, on hand-built marks -----------------------------------------------------------
