@@ -635,3 +635,37 @@ def test_a_damaged_candidate_is_rejected_and_a_nan_one_is_nonfinite(default_mode
 
     r, _ = _gate(_cfg(_suite(limit=2)), ref, NaN(m.model, m.tokenizer), m.tokenizer, tmp_path / "nan")
     assert r.status == "nonfinite" and "candidate produced non-finite logits on item document 0" in r.error, r.error
+
+
+@pytest.mark.slow
+def test_qval_gate_with_an_lm_eval_suite_approves_the_identity_and_reuses_the_stage(tmp_path, patch_reference):
+    """Through the CLI as a user runs it: format none, only gate 4, the shipped local task named by
+    a path relative to the config file; report.json/md/html carry lm-eval's figures; a second run
+    reuses the finished stage."""
+    from typer.testing import CliRunner
+
+    from qval.cli import app
+
+    (tmp_path / "tasks").mkdir()
+    for f in LMEVAL.iterdir():
+        (tmp_path / "tasks" / f.name).write_bytes(f.read_bytes())
+    data = small_config("lmeval-e2e", "none", diagnostics={"enabled": False, "sensitivity": "never"})
+    data["gates"] = {"agreement": {"enabled": False},
+                     "tasks": {"suites": [{"lm_eval": "qval_choice", "include_path": "tasks", "limit": 20, "margin": 0.15}]}}
+    path = write_config(tmp_path, data)
+    runs = []
+    for _ in range(2):
+        result = CliRunner().invoke(app, ["gate", "--config", str(path), "--out", str(tmp_path / "reports"), "-q"])
+        runs.append(result)
+        assert result.exit_code == 0, result.output
+    run = tmp_path / "reports" / "lmeval-e2e"
+    report = json.loads((run / "report.json").read_text())
+    assert report["verdict"]["decision"] == "APPROVE"
+    s = report["gates"]["tasks"]["details"]["suites"][0]
+    assert s["source"] == "lm-eval:qval_choice" and s["flipped"] == [] and s["n"] == 20
+    assert s["lmeval"]["reference"] == s["lmeval"]["qval_reference"] == s["drop"]["ref_accuracy"]
+    md = (run / "report.md").read_text()
+    assert "| qval_choice | qval_choice (multiple_choice, acc,none, 0-shot, first 20 documents) | 20 |" in md
+    assert "lm-eval: reference" in (run / "report.html").read_text()
+    assert len((run / "gate_tasks" / "items.jsonl").read_text().splitlines()) == 20
+    assert report["stages"]["gate_tasks"]["cached"] is True  # the second run's report: the stage was reused
