@@ -388,18 +388,29 @@ class RetrievalGate(Strict):
 
 
 class TaskSuite(Strict):
-    """One suite of gate 4: built in (generated deterministically from shipped prose) or the
-    user's golden JSONL. Each suite is gated on its own: non-inferiority of the accuracy drop."""
+    """One suite of gate 4: built in (generated deterministically from shipped prose), the user's
+    golden JSONL, or an lm-evaluation-harness task by name (lm-eval's prompts, few-shot selection,
+    filters and metrics, run on both models). Each suite is gated on its own: non-inferiority of
+    the drop (accuracy, or the task's per-document score)."""
 
     builtin: Literal["cloze", "choice", "recall"] | None = None
     golden: str | None = None  # JSONL of {"id","prompt","answer","match","tolerance"} or {"id","prompt","choices","label"}
-    name: str | None = Field(None, pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$")  # default: the builtin's name or the file's stem
+    lm_eval: str | None = Field(None, min_length=1)  # an lm-eval task name (the installed lm-eval's, or one under include_path)
+    name: str | None = Field(None, pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$")  # default: the builtin's or task's name, or the file's stem
     size: int = Field(40, gt=0)  # items a built-in suite generates (a golden suite keeps all of its file)
     dataset: str = "calib_data/heldout_eval.jsonl"  # prose the cloze/choice items are cut from (English records)
     max_new_tokens: int = Field(8, gt=0)  # tokens of a generated answer (recall, golden exact-answer items)
-    #: non-inferiority margin on the accuracy drop (reference − candidate, a fraction): its
-    #: one-sided (1 − α) upper bound must not exceed it
-    margin: float = Field(gt=0, le=1)
+    # --- lm_eval suites only
+    include_path: str | None = None  # a folder of the user's task YAMLs (relative: to the config file, as data paths)
+    num_fewshot: int | None = Field(None, ge=0)  # None: the task's own (0 if it sets none), as lm-eval does
+    limit: int | None = Field(None, gt=0)  # the task's first N documents (None: all)
+    #: the per-document metric that marks an item, "acc" or "acc,none" (lm-eval's "metric,filter");
+    #: None: acc if the task reports it, else exact_match, else its first metric; its first filter
+    metric: str | None = Field(None, min_length=1)
+    max_length: int | None = Field(None, ge=8)  # tokens of context (None: the model's positions, as lm-eval's HFLM)
+    #: non-inferiority margin on the drop (reference − candidate: a fraction of items for a right/wrong
+    #: suite, the metric's own unit otherwise): its one-sided (1 − α) upper bound must not exceed it
+    margin: float = Field(gt=0)
     max_flip_rate: Annotated[float, Field(gt=0, le=1)] | None = None  # met by the exact upper bound of the flip rate
     alpha: float = Field(0.05, gt=0, lt=0.5)
     beta: float = Field(0.2, gt=0, lt=0.5)
@@ -409,13 +420,27 @@ class TaskSuite(Strict):
 
     @model_validator(mode="after")
     def _one_source(self) -> "TaskSuite":
-        if (self.builtin is None) == (self.golden is None):
-            raise ValueError("give exactly one of builtin (cloze, choice, recall) or golden (a JSONL file)")
+        given = [k for k in ("builtin", "golden", "lm_eval") if getattr(self, k) is not None]
+        if len(given) != 1:
+            also = f"; this suite gives {' and '.join(given)}" if given else ""
+            raise ValueError("give exactly one of builtin (cloze, choice, recall), golden (a JSONL file) or lm_eval "
+                             f"(an lm-evaluation-harness task name){also}")
+        only_lm = sorted(k for k in ("include_path", "num_fewshot", "limit", "metric", "max_length")
+                         if getattr(self, k) is not None)
+        if self.lm_eval is None and only_lm:
+            raise ValueError(f"{', '.join(only_lm)} apply to lm_eval suites only")
+        not_lm = sorted(k for k in ("size", "dataset", "max_new_tokens") if k in self.model_fields_set)
+        if self.lm_eval is not None and not_lm:
+            raise ValueError(f"{', '.join(not_lm)} do not apply to an lm_eval suite: the task's own documents and "
+                             "generation settings are used (limit: N takes its first N documents)")
+        if self.builtin is not None or self.golden is not None:
+            if self.margin > 1:
+                raise ValueError(f"margin {self.margin} is an accuracy drop, a fraction: it must be at most 1")
         return self
 
     @property
     def label(self) -> str:
-        return self.name or self.builtin or Path(str(self.golden)).stem
+        return self.name or self.builtin or self.lm_eval or Path(str(self.golden)).stem
 
 
 class TasksGate(Strict):

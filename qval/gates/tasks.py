@@ -7,15 +7,22 @@ the word ends); a choice is the continuation with the highest summed log-probabi
 `generate` item is answered greedily and marked by its matcher. Every item (id, excerpt, both
 answers, both marks) goes to the stage folder's items.jsonl.
 
+An `lm_eval` suite runs an lm-evaluation-harness task through lm-eval's own API on each engine
+(qval/tasks/lmeval.py) and pairs the two runs' per-document marks: right/wrong for a metric such
+as acc or exact_match, a per-document score (paired mean difference) or a perplexity (the
+log-likelihood lost per word or byte) otherwise. lm-eval's own figure for each model is kept in
+the suite's details beside qval's paired ones.
+
 Per suite, the rule is non-inferiority: the one-sided (1 − α) upper bound of the accuracy drop
-(Newcombe's paired interval) must not exceed the suite's margin; an optional limit on the flip
-rate is met by its exact upper bound. A suite whose reference is not clearly above chance is
-"uninformative", never a pass.
+(Newcombe's paired interval; for scores, the normal interval of the paired difference) must not
+exceed the suite's margin; an optional limit on the flip rate is met by its exact upper bound.
+A suite whose reference is not clearly above chance is "uninformative", never a pass.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import time
 from typing import Any
 
@@ -24,10 +31,11 @@ import torch
 from ..config import GateConfig, TaskSuite
 from ..data import dataset_identity
 from ..engines.concurrent import side_by_side
-from ..errors import DataError
-from ..io import atomic_write_text, file_fingerprint
-from ..metrics.estimate import Estimate
-from ..metrics.paired import PairedCounts, informative, noninferiority, paired_counts
+from ..errors import ConfigError, DataError
+from ..io import atomic_write_text, file_fingerprint, tree_fingerprint
+from ..metrics.estimate import Estimate, normal_ppf
+from ..metrics.paired import (PairedCounts, informative, loglik_noninferiority, mean_noninferiority, noninferiority,
+                              paired_counts)
 from ..progress import SILENT
 from ..tasks import SUITES, Item
 from ..tasks.scoring import MATCHERS, continuation_logprob, pick, word_mark
@@ -39,8 +47,8 @@ OPEN_CHANCE = 0.05  # the default "chance" of an open answer: below it a referen
 
 
 class NonFinite(Exception):
-    def __init__(self, who: str, item: Item) -> None:
-        super().__init__(f"the {who} produced non-finite logits on item {item.id}")
+    def __init__(self, who: str, item: Item | str) -> None:
+        super().__init__(f"the {who} produced non-finite logits on item {getattr(item, 'id', item)}")
         self.who = who
 
 
@@ -151,6 +159,56 @@ def run_suite(ctx: GateContext, suite: TaskSuite, advance: Any) -> tuple[list[It
     return items, done
 
 
+def lmeval_max_length(ctx: GateContext, suite: TaskSuite) -> int:
+    """The context of an lm-eval suite: its max_length, else the reference's positions as lm-eval's
+    HFLM reads them (n_positions, max_position_embeddings or n_ctx; 2048 when none is given)."""
+    if suite.max_length is not None:
+        return suite.max_length
+    from lm_eval.models.utils import resolve_max_length
+
+    config = getattr(getattr(ctx.reference, "model", None), "config", None)
+    return resolve_max_length(config, ctx.tokenizer, default=2048)
+
+
+def run_lmeval_suite(ctx: GateContext, suite: TaskSuite) -> dict[str, Any]:
+    """One lm-eval task on both engines, paired by document: the suite's entry with its rows."""
+    from ..tasks import lmeval
+
+    lmeval.require(suite)
+    from ..tasks.lmeval_lm import EngineLM, NonFiniteLogits
+
+    g = ctx.config.gates.tasks
+    length = lmeval_max_length(ctx, suite)
+    results, how, task, note = {}, None, None, None
+    for who, engine in (("reference", ctx.reference), ("candidate", ctx.candidate)):
+        tm, task = lmeval.load_task(suite, ctx.config.resolve)  # a fresh task per model: lm-eval keeps state in it
+        if how is None:
+            how = lmeval.pick_metric(suite, task)
+            where = f"gates.tasks.suites[{g.suites.index(suite)}].limit"
+            note = lmeval.limit_note(suite, task, where, ctx.config.max_shortfall)
+        try:
+            results[who] = lmeval.evaluate(EngineLM(engine, ctx.tokenizer, who, length, g.batch_size, g.piece), suite, tm, task)
+        except NonFiniteLogits as err:
+            raise NonFinite(err.who, f"document {err.doc_id}") from None
+    kind, rows = lmeval.pair_rows(suite, task, how, results["reference"], results["candidate"])
+    if kind == "binary" and suite.margin > 1:
+        raise ConfigError(f"gates.tasks suite {suite.label}: margin {suite.margin} is an accuracy drop (metric "
+                          f"{how['metric']} marks right/wrong), a fraction: it must be at most 1.")
+    if kind != "binary" and suite.max_flip_rate is not None:
+        raise ConfigError(f"gates.tasks suite {suite.label}: metric {how['metric']} of task {suite.lm_eval} is a score, "
+                          "not right/wrong marks: max_flip_rate does not apply; remove it.")
+    cfg = task.config
+    info = {**how, "task": task.task_name, "output_type": task.OUTPUT_TYPE, "lm_eval_version": lmeval.version(),
+            "task_version": (getattr(cfg, "metadata", None) or {}).get("version"),
+            "num_fewshot": results["reference"].get("n-shot", {}).get(task.task_name),
+            "limit": suite.limit, "include_path": suite.include_path, "max_length": length,
+            "reference": lmeval.figure(how, results["reference"], task),
+            "candidate": lmeval.figure(how, results["candidate"], task)}
+    return {"suite": suite.label, "source": f"lm-eval:{suite.lm_eval}", "kinds": [task.OUTPUT_TYPE], "kind": kind,
+            "output_type": task.OUTPUT_TYPE, "default_chance": lmeval.default_chance(task, results["reference"], how["filter"]),
+            "lmeval": info, "rows": rows, **({"shortfall": note} if note else {})}
+
+
 def run(ctx: GateContext) -> GateResult:
     t0 = time.perf_counter()
     g = ctx.config.gates.tasks
@@ -159,6 +217,13 @@ def run(ctx: GateContext) -> GateResult:
         for suite in g.suites:
             s0 = time.perf_counter()
             try:
+                if suite.lm_eval is not None:
+                    entry = run_lmeval_suite(ctx, suite)
+                    advance(1)
+                    lines += [json.dumps({"suite": suite.label, "kind": f"lm-eval:{entry['output_type']}", **r},
+                                         ensure_ascii=False) for r in entry["rows"]]
+                    suites.append({**entry, "seconds": round(time.perf_counter() - s0, 2)})
+                    continue
                 items, rows = run_suite(ctx, suite, advance)
             except NonFinite as err:
                 status = "error" if err.who == "reference" else "nonfinite"
@@ -186,6 +251,9 @@ def summarize(cfg: GateConfig, suites: list[dict[str, Any]], seconds: float) -> 
     for s in suites:
         suite = by_label[s["suite"]]
         rows = s.pop("rows")
+        if s.get("kind") in ("mean", "loglik"):
+            out.append(summarize_scores(suite, s, rows, measurements))
+            continue
         c = paired_counts([r["ref_right"] for r in rows], [r["cand_right"] for r in rows])
         ni = noninferiority(c, suite.margin, alpha=suite.alpha, beta=suite.beta)
         L = s["suite"]
@@ -195,10 +263,55 @@ def summarize(cfg: GateConfig, suites: list[dict[str, Any]], seconds: float) -> 
         measurements[f"cand_accuracy@{L}"] = Estimate(ni["cand_accuracy"], None, *ni["cand_interval"], c.n)
         flips = [{"suite": L, **r} for r in rows if r["ref_right"] != r["cand_right"]]
         s["chance"] = suite.chance if suite.chance is not None else s["default_chance"]
+        if "lmeval" in s:
+            s["lmeval"]["qval_reference"], s["lmeval"]["qval_candidate"] = ni["ref_accuracy"], ni["cand_accuracy"]
         out.append({**s, "n": c.n, "counts": c.to_dict(), "drop": ni, "flipped": flips, "alpha": suite.alpha,
                     "interval": f"Newcombe paired, two-sided {1 - 2 * suite.alpha:.0%} (its upper end is the one-sided "
                                 f"{1 - suite.alpha:.0%} bound); flip and net-loss intervals Clopper–Pearson 95%"})
-    return GateResult("tasks", "ok", measurements=measurements, details={"suites": out}, seconds=seconds)
+    notes = [s["shortfall"] for s in out if s.get("shortfall")]
+    details = {"suites": out, **({"shortfall": "; ".join(notes)} if notes else {})}
+    return GateResult("tasks", "ok", measurements=measurements, details=details, seconds=seconds)
+
+
+SHOWN_DROPS = 5  # items of a score suite listed in the report: the largest per-item drops
+
+
+def summarize_scores(suite: TaskSuite, s: dict[str, Any], rows: list[dict[str, Any]],
+                     measurements: dict[str, Estimate]) -> dict[str, Any]:
+    """A suite marked by a per-document score (kind "mean") or a perplexity (kind "loglik"): the
+    paired drop with its interval, and the documents that lost the most."""
+    L, info = s["suite"], s.get("lmeval", {})
+    if s["kind"] == "loglik":
+        bpb = info.get("aggregation") == "bits_per_byte"
+        st = loglik_noninferiority([r["ref_ll"] for r in rows], [r["cand_ll"] for r in rows], [r["weight"] for r in rows],
+                                   suite.margin, suite.alpha, suite.beta, scale=1 / math.log(2) if bpb else 1.0)
+        ref_v, cand_v = (st["ref_bpb"], st["cand_bpb"]) if bpb else (st["ref_ppl"], st["cand_ppl"])
+        unit = ("bits per byte: candidate − reference" if bpb else
+                "ln(perplexity_candidate / perplexity_reference), the log-likelihood lost per "
+                f"{'word' if info.get('metric') == 'word_perplexity' else 'byte' if info.get('metric') == 'byte_perplexity' else 'document'}")
+        per_item = [(r["ref_ll"] - r["cand_ll"]) / r["weight"] if r["weight"] else 0.0 for r in rows]
+        ref_est, cand_est = Estimate(ref_v, n=st["n"]), Estimate(cand_v, n=st["n"])
+    else:
+        higher = bool(info.get("higher_is_better", True))
+        st = mean_noninferiority([r["ref_score"] for r in rows], [r["cand_score"] for r in rows], suite.margin,
+                                 suite.alpha, suite.beta, higher_is_better=higher)
+        ref_v, cand_v = st["ref_mean"], st["cand_mean"]
+        unit = f"mean {info.get('metric', 'score')} per document: " + ("reference − candidate" if higher else "candidate − reference")
+        per_item = [(r["ref_score"] - r["cand_score"]) * (1 if higher else -1) for r in rows]
+        ref_est, cand_est = Estimate(ref_v, None, *st["ref_interval"], st["n"]), Estimate(cand_v, None, *st["cand_interval"], st["n"])
+    st.update(ref_value=ref_v, cand_value=cand_v, unit=unit)
+    measurements[f"drop@{L}"] = Estimate(st["drop"], st["stderr"], st["lo"], st["hi"], st["n"])
+    measurements[f"ref_score@{L}"] = ref_est
+    measurements[f"cand_score@{L}"] = cand_est
+    if info:
+        info["qval_reference"], info["qval_candidate"] = ref_v, cand_v
+    order = sorted(range(len(rows)), key=lambda i: -per_item[i])
+    largest = [{"suite": L, **rows[i], "item_drop": per_item[i]} for i in order[:SHOWN_DROPS] if per_item[i] > 0]
+    z = normal_ppf(1 - suite.alpha)
+    return {**s, "n": st["n"], "drop": st, "flipped": [], "largest_drops": largest, "alpha": suite.alpha,
+            "chance": suite.chance,
+            "interval": f"normal, two-sided {1 - 2 * suite.alpha:.0%} (drop ± {z:.3f} standard errors; its upper end is "
+                        f"the one-sided {1 - suite.alpha:.0%} bound)" + ("; ratio estimator over the weights" if s["kind"] == "loglik" else "")}
 
 
 def _suite_result(result: GateResult | None, label: str) -> dict[str, Any] | None:
@@ -212,6 +325,8 @@ def _informative(suite: TaskSuite, s: dict[str, Any] | None) -> tuple[bool, str 
     (1 − α) Wilson lower bound exceeds it): a task the reference cannot do shows no loss."""
     if s is None:
         return True, None  # the check fails for the missing result, as any other
+    if s.get("kind") in ("mean", "loglik"):
+        return _score_informative(suite, s)
     c = PairedCounts(**s["counts"])
     chance = suite.chance if suite.chance is not None else s["default_chance"]  # the config's, even on a stored result
     if informative(c.ref_correct, c.n, chance, suite.alpha):
@@ -220,14 +335,29 @@ def _informative(suite: TaskSuite, s: dict[str, Any] | None) -> tuple[bool, str 
                    f"above chance ({chance:.3g})")
 
 
+def _score_informative(suite: TaskSuite, s: dict[str, Any]) -> tuple[bool, str | None]:
+    """A score suite is informative unless its config sets a `chance` the reference's mean score
+    does not clearly exceed (its one-sided (1 − α) lower bound); a perplexity has no chance."""
+    if suite.chance is None or s["kind"] == "loglik":
+        return True, None
+    st = s["drop"]
+    bound = st["ref_mean"] - normal_ppf(1 - suite.alpha) * st["ref_stderr"]
+    if bound > suite.chance:
+        return True, None
+    return False, (f"the reference's mean score on suite {suite.label} is {st['ref_mean']:.4g}, not clearly above "
+                   f"chance ({suite.chance:.3g})")
+
+
 def thresholds(cfg: GateConfig, result: GateResult | None) -> list[Threshold]:
     out = []
     for suite in cfg.gates.tasks.suites:
         s = _suite_result(result, suite.label)
         ok, why = _informative(suite, s)
         det = s["drop"].get("detectable_drop") if s else None
+        what = ("accuracy drop (reference − candidate)" if s is None or s.get("kind", "binary") == "binary"
+                else f"drop in {s['drop'].get('unit', 'score')}")
         out.append(Threshold("tasks", f"drop@{suite.label}", "max", suite.margin,
-                             f"accuracy drop (reference − candidate) on suite {suite.label}; its one-sided "
+                             f"{what} on suite {suite.label}; its one-sided "
                              f"{1 - suite.alpha:.0%} upper bound must stay within the margin (non-inferiority)", "absolute",
                              det, on="hi", informative=ok, why_uninformative=why, detectable=det))
         if suite.max_flip_rate is not None:
@@ -247,7 +377,41 @@ def inputs(cfg: GateConfig) -> dict[str, Any]:
             data[s.label] = {"spec": s.golden, "fingerprint": file_fingerprint(path, full=True) if path.is_file() else "missing"}
         elif s.builtin in ("cloze", "choice"):
             data[s.label] = dataset_identity(s.dataset, cfg.resolve(s.dataset))
+        elif s.lm_eval is not None:
+            data[s.label] = lmeval_identity(cfg, s)
     return {"gate": g.model_dump(mode="json", exclude=limits), "data": data}
 
 
-GATES.register("tasks")(GateSpec("tasks", run, thresholds, inputs, lambda c: c.gates.tasks.enabled))
+def lmeval_identity(cfg: GateConfig, suite: TaskSuite) -> dict[str, Any]:
+    """What a stage key knows of an lm-eval suite's data: the task's name, the lm-eval version, and
+    the content of the include_path folder (the user's YAMLs and the local data beside them)."""
+    from ..tasks import lmeval
+
+    out: dict[str, Any] = {"spec": f"lm-eval:{suite.lm_eval}", "lm_eval": lmeval.version()}
+    if suite.include_path is not None:
+        folder = lmeval.include_folder(suite, cfg.resolve)
+        out["include_path"] = {"spec": suite.include_path, "fingerprint": tree_fingerprint(folder)}
+    return out
+
+
+def check(cfg: GateConfig, tokenizer: Any) -> str | None:
+    """Preflight of the lm-eval suites. Without a tokenizer: lm-eval installed, the include_path a
+    folder, the task a name lm-eval knows and one task, not a group or tag. With it (the budget
+    pass): the task loaded (its data read), its metric one with a per-document score, and its
+    documents against the suite's limit (a shortfall note)."""
+    from ..tasks import lmeval
+
+    notes = []
+    for i, suite in enumerate(cfg.gates.tasks.suites):
+        if suite.lm_eval is None:
+            continue
+        if tokenizer is None:
+            lmeval.find_task(suite, cfg.resolve)
+            continue
+        _, task = lmeval.load_task(suite, cfg.resolve)
+        lmeval.pick_metric(suite, task)
+        notes.append(lmeval.limit_note(suite, task, f"gates.tasks.suites[{i}].limit", cfg.max_shortfall))
+    return "; ".join(n for n in notes if n) or None
+
+
+GATES.register("tasks")(GateSpec("tasks", run, thresholds, inputs, lambda c: c.gates.tasks.enabled, check=check))

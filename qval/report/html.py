@@ -15,7 +15,7 @@ from html import escape
 from typing import Any, Iterable, Sequence
 
 from . import charts
-from .markdown import fmt, interval, reference_text, runtime_text, threshold_text
+from .markdown import fmt, interval, lmeval_rows, reference_text, runtime_text, threshold_text
 
 CSS = """
 body{font-family:Helvetica,Arial,sans-serif;margin:24px auto;max-width:1100px;color:#222;line-height:1.4}
@@ -195,29 +195,54 @@ def retrieval_plots(g: dict[str, Any]) -> str:
 
 
 def tasks_plots(g: dict[str, Any]) -> str:
-    """Gate 4: both accuracies per suite with their Wilson intervals, and the flipped items."""
+    """Gate 4: both accuracies per right/wrong suite with their Wilson intervals, the suites scored
+    per document, lm-eval's own figures beside qval's, the flipped items and the largest drops."""
     suites = (g.get("details") or {}).get("suites") or []
     if not suites:
         return '<p class="note">No task suites in this gate\'s details.</p>'
-    bars = []
-    for s in suites:
-        dr = s.get("drop") or {}
-        for who, key in (("reference", "ref"), ("candidate", "cand")):
-            lo, hi = (dr.get(f"{key}_interval") or [None, None])[:2]
-            bars.append((f"{s['suite']} · {who}", _num(dr.get(f"{key}_accuracy")), _num(lo), _num(hi)))
-    out = [figure(charts.interval_bars([b for b in bars if b[1] is not None], "Accuracy per suite", "accuracy (Wilson 95% interval)"),
-                  "accuracy per suite", f"gate 4 took {fmt(_num(g.get('seconds')))} s; chance per suite: "
-                  + ", ".join(f"{s['suite']} {fmt(_num(s.get('chance')))}" for s in suites))]
-    out.append(table(["suite", "items", "reference", "candidate", "drop", "upper bound", "detects ≥", "flips (right→wrong)", "McNemar p", "seconds"],
-                     ([s["suite"], s.get("n"), (s.get("drop") or {}).get("ref_accuracy"), (s.get("drop") or {}).get("cand_accuracy"),
-                       (s.get("drop") or {}).get("drop"), (s.get("drop") or {}).get("hi"), (s.get("drop") or {}).get("detectable_drop"),
-                       f"{s['counts']['ref_only'] + s['counts']['cand_only']} ({s['counts']['ref_only']})",
-                       (s.get("drop") or {}).get("mcnemar_p"), s.get("seconds")] for s in suites), [1, 2, 3, 4, 5, 6, 8, 9]))
+    scores = [s for s in suites if s.get("kind") in ("mean", "loglik")]
+    binary = [s for s in suites if s not in scores]
+    out = []
+    if binary:
+        bars = []
+        for s in binary:
+            dr = s.get("drop") or {}
+            for who, key in (("reference", "ref"), ("candidate", "cand")):
+                lo, hi = (dr.get(f"{key}_interval") or [None, None])[:2]
+                bars.append((f"{s['suite']} · {who}", _num(dr.get(f"{key}_accuracy")), _num(lo), _num(hi)))
+        out.append(figure(charts.interval_bars([b for b in bars if b[1] is not None], "Accuracy per suite", "accuracy (Wilson 95% interval)"),
+                          "accuracy per suite", f"gate 4 took {fmt(_num(g.get('seconds')))} s; chance per suite: "
+                          + ", ".join(f"{s['suite']} {fmt(_num(s.get('chance')))}" for s in binary)))
+        out.append(table(["suite", "source", "items", "reference", "candidate", "drop", "upper bound", "detects ≥", "flips (right→wrong)",
+                          "McNemar p", "seconds"],
+                         ([s["suite"], str(s.get("source", "")), s.get("n"), (s.get("drop") or {}).get("ref_accuracy"),
+                           (s.get("drop") or {}).get("cand_accuracy"), (s.get("drop") or {}).get("drop"), (s.get("drop") or {}).get("hi"),
+                           (s.get("drop") or {}).get("detectable_drop"),
+                           f"{s['counts']['ref_only'] + s['counts']['cand_only']} ({s['counts']['ref_only']})",
+                           (s.get("drop") or {}).get("mcnemar_p"), s.get("seconds")] for s in binary), [2, 3, 4, 5, 6, 7, 9, 10]))
+    if scores:
+        out.append('<p class="note">Suites scored per document: the drop is in the unit named.</p>')
+        out.append(table(["suite", "source", "documents", "metric", "reference", "candidate", "drop", "upper bound", "unit", "detects ≥", "seconds"],
+                         ([s["suite"], str(s.get("source", "")), s.get("n"), str((s.get("lmeval") or {}).get("key", "–")),
+                           (s.get("drop") or {}).get("ref_value"), (s.get("drop") or {}).get("cand_value"), (s.get("drop") or {}).get("drop"),
+                           (s.get("drop") or {}).get("hi"), str((s.get("drop") or {}).get("unit", "")),
+                           (s.get("drop") or {}).get("detectable_drop"), s.get("seconds")] for s in scores), [2, 4, 5, 6, 7, 9, 10]))
+    lm = lmeval_rows(suites)
+    if lm:
+        out.append('<p class="note">lm-evaluation-harness suites: lm-eval\'s own figure for each model (its results table) '
+                   "beside qval's from the paired documents.</p>")
+        out.append(table(["suite", "task (output, metric,filter, shots)", "documents", "lm-eval: reference", "qval: reference",
+                          "lm-eval: candidate", "qval: candidate", "lm-eval"], lm, [2, 3, 4, 5, 6]))
     flips = [f for s in suites for f in s.get("flipped") or []]
     if flips:
         out.append(table(["suite", "item", "prompt (end)", "expected", "reference answered", "candidate answered", "right"],
                          ([f["suite"], f["id"], str(f.get("excerpt", "")), str(f.get("expected", "")), str(f.get("ref_answer", "–")),
                            str(f.get("cand_answer", "–")), "reference" if f["ref_right"] else "candidate"] for f in flips)))
+    drops = [f for s in scores for f in s.get("largest_drops") or []]
+    if drops:
+        out.append(table(["suite", "item", "text (end)", "expected", "reference", "candidate", "drop"],
+                         ([f["suite"], f["id"], str(f.get("excerpt", "")), str(f.get("expected", "")), str(f.get("ref_answer", "–")),
+                           str(f.get("cand_answer", "–")), f.get("item_drop")] for f in drops), [6]))
     return "".join(out)
 
 

@@ -202,14 +202,40 @@ def _cell_text(x: Any, chars: int = 60) -> str:
     return t if len(t) <= chars else t[: chars - 1] + "…"
 
 
+def _score_suites(suites: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [s for s in suites if s.get("kind") in ("mean", "loglik")]
+
+
+def lmeval_rows(suites: list[dict[str, Any]]) -> list[list[Any]]:
+    """Per lm-eval suite: the task as lm-eval ran it, lm-eval's own figure for each model and
+    qval's from the paired documents (the same number when lm-eval averages per document)."""
+    out = []
+    for s in suites:
+        m = s.get("lmeval")
+        if not m:
+            continue
+        shots, limit = m.get("num_fewshot"), m.get("limit")
+        how = f"{m.get('output_type')}, {m.get('key')}, {'?' if shots is None else shots}-shot"
+        how += "" if limit is None else f", first {limit} documents"
+        out.append([s["suite"], f"{m.get('task')} ({how})", s.get("n"), m.get("reference"), m.get("qval_reference"), m.get("candidate"), m.get("qval_candidate"),
+                    m.get("lm_eval_version")])
+    return out
+
+
 def tasks_section(g: dict[str, Any]) -> list[str]:
     d = g["details"]
+    suites = d.get("suites", [])
+    binary = [s for s in suites if s not in _score_suites(suites)]
     lines = [f"Gate 4 took {fmt(g.get('seconds'))} s (reference and candidate). Both models answer every item; a suite "
-             "passes when the one-sided upper bound of its accuracy drop (reference − candidate, Newcombe's paired "
-             "interval) is within its margin. Every item is in the stage folder's items.jsonl.", "",
-             "| suite | items | chance | reference [Wilson] | candidate [Wilson] | drop [interval] | detects drops ≥ | "
-             "flips (right→wrong) [exact] | McNemar p | seconds |", "|---|---|---|---|---|---|---|---|---|---|"]
-    for s in d.get("suites", []):
+             "passes when the one-sided upper bound of its drop (reference − candidate: the accuracy, with Newcombe's "
+             "paired interval; for a suite scored per document, the metric's paired mean difference or the perplexity's "
+             "log ratio, with a normal interval) is within its margin. Every item is in the stage folder's items.jsonl."]
+    if d.get("shortfall"):
+        lines.append(f"Note: {d['shortfall']}.")
+    if binary:
+        lines += ["", "| suite | items | chance | reference [Wilson] | candidate [Wilson] | drop [interval] | detects drops ≥ | "
+                  "flips (right→wrong) [exact] | McNemar p | seconds |", "|---|---|---|---|---|---|---|---|---|---|"]
+    for s in binary:
         dr = s.get("drop", {})
         ri, ci, fi = dr.get("ref_interval") or [None, None], dr.get("cand_interval") or [None, None], dr.get("flip_interval") or [None, None]
         flips = s["counts"]["ref_only"] + s["counts"]["cand_only"]
@@ -217,7 +243,25 @@ def tasks_section(g: dict[str, Any]) -> list[str]:
                      f"[{fmt(ri[0])}, {fmt(ri[1])}] | {fmt(dr.get('cand_accuracy'))} [{fmt(ci[0])}, {fmt(ci[1])}] | "
                      f"{fmt(dr.get('drop'))} [{fmt(dr.get('lo'))}, {fmt(dr.get('hi'))}] | {fmt(dr.get('detectable_drop'))} | "
                      f"{flips} ({s['counts']['ref_only']}) [{fmt(fi[0])}, {fmt(fi[1])}] | {fmt(dr.get('mcnemar_p'))} | {fmt(s.get('seconds'))} |")
-    flips = [f for s in d.get("suites", []) for f in s.get("flipped", [])]
+    scores = _score_suites(suites)
+    if scores:
+        lines += ["", "Suites scored per document (the drop in the unit named):", "",
+                  "| suite | documents | metric | reference | candidate | drop [interval] | unit of the drop | detects drops ≥ | seconds |",
+                  "|---|---|---|---|---|---|---|---|---|"]
+        for s in scores:
+            dr = s.get("drop", {})
+            lines.append(f"| {s['suite']} ({s.get('source')}) | {s.get('n')} | {(s.get('lmeval') or {}).get('key', '–')} | "
+                         f"{fmt(dr.get('ref_value'))} | {fmt(dr.get('cand_value'))} | {fmt(dr.get('drop'))} "
+                         f"[{fmt(dr.get('lo'))}, {fmt(dr.get('hi'))}] | {_cell_text(dr.get('unit'), 90)} | "
+                         f"{fmt(dr.get('detectable_drop'))} | {fmt(s.get('seconds'))} |")
+    lm = lmeval_rows(suites)
+    if lm:
+        lines += ["", "lm-evaluation-harness suites: lm-eval's own figure for each model (its results table) beside "
+                  "qval's from the paired documents:", "",
+                  "| suite | task (output, metric,filter, shots) | documents | lm-eval: reference | qval: reference | "
+                  "lm-eval: candidate | qval: candidate | lm-eval |", "|---|---|---|---|---|---|---|---|"]
+        lines += ["| " + " | ".join(_cell_text(x, 90) if isinstance(x, str) else fmt(x) for x in row) + " |" for row in lm]
+    flips = [f for s in suites for f in s.get("flipped", [])]
     if flips:
         lines += ["", "Items the two models mark differently:", "",
                   "| suite | item | prompt (end) | expected | reference answered | candidate answered | right |",
@@ -226,6 +270,13 @@ def tasks_section(g: dict[str, Any]) -> list[str]:
             lines.append(f"| {f['suite']} | {f['id']} | {_cell_text(f.get('excerpt'), 80)} | {_cell_text(f.get('expected'))} | "
                          f"{_cell_text(f.get('ref_answer'))} | {_cell_text(f.get('cand_answer'))} | "
                          f"{'reference' if f['ref_right'] else 'candidate'} |")
+    drops = [f for s in scores for f in s.get("largest_drops", [])]
+    if drops:
+        lines += ["", "Documents whose score dropped most:", "",
+                  "| suite | item | text (end) | expected | reference | candidate | drop |", "|---|---|---|---|---|---|---|"]
+        for f in drops:
+            lines.append(f"| {f['suite']} | {f['id']} | {_cell_text(f.get('excerpt'), 80)} | {_cell_text(f.get('expected'))} | "
+                         f"{_cell_text(f.get('ref_answer'))} | {_cell_text(f.get('cand_answer'))} | {fmt(f.get('item_drop'))} |")
     return lines
 
 

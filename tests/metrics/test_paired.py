@@ -336,3 +336,40 @@ def test_informative() -> None:
 def test_docstring_examples() -> None:
     result = doctest.testmod(paired_module)
     assert result.attempted > 0 and result.failed == 0
+
+
+def test_mean_noninferiority_is_statsmodels_z_interval_of_the_paired_differences() -> None:
+    from statsmodels.stats.weightstats import DescrStatsW
+
+    from qval.metrics.paired import mean_noninferiority
+
+    rng = np.random.default_rng(3)
+    ref = rng.uniform(0, 1, 57)
+    cand = ref - rng.normal(0.02, 0.1, 57)
+    for alpha in (0.05, 0.1):
+        r = mean_noninferiority(ref, cand, margin=0.05, alpha=alpha)
+        lo, hi = DescrStatsW(ref - cand).zconfint_mean(alpha=2 * alpha)
+        assert (r["lo"], r["hi"]) == pytest.approx((lo, hi), abs=1e-12) and r["passed"] == (hi <= 0.05)
+        z = stats.norm.ppf(1 - alpha) + stats.norm.ppf(0.8)
+        assert r["detectable_drop"] == pytest.approx(z * np.std(ref - cand, ddof=1) / math.sqrt(57))
+    lower = mean_noninferiority(ref, cand, margin=0.05, higher_is_better=False)  # a lower score is better: the drop flips sign
+    assert lower["drop"] == pytest.approx(-mean_noninferiority(ref, cand, margin=0.05)["drop"])
+    assert math.isnan(mean_noninferiority([0.5], [0.4], margin=0.1)["hi"]) and not mean_noninferiority([0.5], [0.4], margin=0.1)["passed"]
+
+
+def test_loglik_noninferiority_is_the_log_perplexity_ratio_and_the_mean_rule_at_unit_weights() -> None:
+    from qval.metrics.paired import loglik_noninferiority, mean_noninferiority
+
+    rng = np.random.default_rng(4)
+    words = rng.integers(20, 200, 30).astype(float)
+    ref = -words * rng.uniform(2.0, 3.0, 30)
+    cand = ref - words * rng.uniform(0.0, 0.1, 30)
+    r = loglik_noninferiority(ref, cand, words, margin=0.1)
+    assert r["drop"] == pytest.approx(math.log(r["cand_ppl"] / r["ref_ppl"]))
+    assert r["ref_ppl"] == pytest.approx(math.exp(-ref.sum() / words.sum())) and r["weight"] == words.sum()
+    bits = loglik_noninferiority(ref, cand, words, margin=0.1, scale=1 / math.log(2))
+    assert bits["drop"] == pytest.approx(r["cand_bpb"] - r["ref_bpb"]) and bits["stderr"] == pytest.approx(r["stderr"] / math.log(2))
+    ones = np.ones(30)
+    a, b = loglik_noninferiority(ref, cand, ones, margin=0.1), mean_noninferiority(ref, cand, margin=0.1)
+    assert (a["drop"], a["stderr"], a["hi"]) == pytest.approx((b["drop"], b["stderr"], b["hi"]), rel=1e-12)
+    assert not loglik_noninferiority([], [], [], margin=0.1)["passed"]
