@@ -95,7 +95,7 @@ def test_unknown_task_group_and_tag_are_config_errors_naming_them():
     with pytest.raises(ConfigError, match=r"qval_choise is not a task lm-eval knows.*Close names: qval_choice"):
         lmeval.find_task(cfg.gates.tasks.suites[0], cfg.resolve)
     for name, says in (("mmlu", r"mmlu is an lm-eval group of tasks \(mmlu_stem"), ("ai2_arc", r"ai2_arc is an lm-eval tag of tasks \(arc_")):
-        cfg = _cfg({"lm_eval": name, "margin": 0.1})
+        cfg = _cfg(_suite(lm_eval=name))  # not under include_path: found among lm-eval's own (one index, kept)
         with pytest.raises(ConfigError, match=says):
             lmeval.find_task(cfg.gates.tasks.suites[0], cfg.resolve)
     cfg = _cfg(_suite(include_path="no/such/folder"))
