@@ -77,6 +77,10 @@ def test_two_candidates_share_one_reference(patch_reference, tmp_path, monkeypat
         return real(self, prompts, *a, **k)
 
     monkeypatch.setattr(HFEngine, "generate", counting)
+    from qval.engines import concurrent
+
+    # the count is kept in this process: decode in turn (a paired reference decodes in a fork)
+    monkeypatch.setattr(concurrent, "can_pair", lambda engines: False)
     result = run_sweep(paths, SILENT, str(tmp_path / "out"), context=2048, batch=1, reference=patch_reference)
     assert calls == [2]  # the reference answered the 2 BLEU prompts once, for both candidates
     refgen = {e.config.name: e.run.report["gates"]["quality"]["details"]["bleu"]["reference_generation"]["cached"] for e in result.entries}
