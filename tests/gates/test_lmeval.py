@@ -608,11 +608,7 @@ def test_rolling_log_likelihood_and_generate_until_match_hflm(default_model):
         _wrapper(default_model).generate_until(sampled)
 
 
-def _damaged(model: torch.nn.Module) -> torch.nn.Module:
-    m = copy.deepcopy(model)
-    with torch.no_grad():
-        m.model.layers[len(m.model.layers) // 2].mlp.down_proj.weight.mul_(30.0)
-    return m
+from .test_tasks import _damaged  # noqa: E402 — one damaged layer, the same as gate 4's own test
 
 
 @pytest.mark.slow
