@@ -5,7 +5,8 @@ generation) cost minutes on a CPU and do not depend on the candidate at all, so 
 stored under `<report dir>/.reference/<key>/<kind>.json` and reused by every candidate, every
 later run and every process of a sweep. The key hashes everything the tokens depend on:
 
-- the reference model's fingerprint and the dtype/device it computes in,
+- the reference model's fingerprint and the dtype/device it computes in (and, on a CPU, the
+  intra-op thread count it decodes with beside the candidate: engines/concurrent.py),
 - the prompt token ids themselves (the data, the tokenizer and its chat template in one),
 - the generation settings (new tokens, EOS handling, batch size: left padding changes numerics),
 - the library versions that run the model (torch, transformers, qval).
