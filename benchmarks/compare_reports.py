@@ -5,7 +5,7 @@ out), except what measures the run rather than the candidate: durations and date
 `seconds`, `*_seconds`, `*_s`, `wall*`, `created`, `date`). Strings are compared apart (paths
 and stage keys differ between two folders by construction; the verdict and statuses must not).
 
-    python3 benchmarks/compare_reports.py run1/report.json run2/report.json [--out compare.json]
+    python3 benchmarks/compare_reports.py run1/report.json run2/report.json [--out compare.json]   # or .json.gz
 
 Prints the count of figures, how many differ, per top-level section (gates.agreement, …), and the
 largest absolute and relative differences; exit 0 when every figure is equal, 1 otherwise.
@@ -14,6 +14,7 @@ largest absolute and relative differences; exit 0 when every figure is equal, 1 
 from __future__ import annotations
 
 import argparse
+import gzip
 import json
 import math
 import re
@@ -97,13 +98,20 @@ def compare(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
             "verdicts": [a.get("verdict", {}).get("approved"), b.get("verdict", {}).get("approved")]}
 
 
+def load(path: Path) -> dict[str, Any]:
+    """A report.json, or one gzipped (`.gz`: how benchmarks/results keeps the large ones)."""
+    if path.suffix == ".gz":
+        return json.loads(gzip.decompress(path.read_bytes()).decode("utf-8"))
+    return json.loads(path.read_text(encoding="utf-8"))
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("a", type=Path)
     ap.add_argument("b", type=Path)
     ap.add_argument("--out", type=Path, help="write the whole comparison here as JSON")
     args = ap.parse_args()
-    res = compare(json.loads(args.a.read_text(encoding="utf-8")), json.loads(args.b.read_text(encoding="utf-8")))
+    res = compare(load(args.a), load(args.b))
     if args.out:
         args.out.write_text(json.dumps(res, indent=1), encoding="utf-8")
     print(f"{res['differing']} of {res['figures']} figures differ ({res['timing_leaves_skipped']} timing leaves skipped; "
