@@ -1,5 +1,5 @@
 """GPU: one run of the 8B-shaped FP8 gate into a fresh folder, for the reproducibility check
-(issue 12, part 7; benchmarks/RESULTS.md §11).
+(issue 12, part 7; benchmarks/RESULTS.md §12).
 
 The same gate as `bench.py --e2e 8b` (its end-to-end step): the 8B Llama layout with random
 weights (seed 0, bf16, CUDA), an FP8 fake-quant candidate (512 × 512 calibration tokens), all

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# One device call for issue 12 part 7 (benchmarks/RESULTS.md §11), from the repository root of
+# One device call for issue 12 part 7 (benchmarks/RESULTS.md §12), from the repository root of
 # the device copy with qval's sources in $SRC, the wheels in .whl/ and the tokenizer in .tok/:
 #   1. where two identical greedy decodes part (benchmarks/repro_probe.py --localise) and which
 #      settings make them identical (--fixes), ModelOpt's FP8 kernel JIT-building meanwhile;

@@ -111,3 +111,12 @@ def test_load_model_configures_before_loading(clean, monkeypatch):
     with pytest.raises(Exception):
         models.load_model(ModelConfig(device="cpu"))
     assert seen == ["cpu"]
+
+
+def test_report_md_states_gpu_numerics_and_leaves_a_cpu_report_as_it_was(clean):
+    from qval.report.markdown import numerics_line
+
+    assert numerics_line({"mode": "cpu"}) is None and numerics_line(None) is None
+    line = numerics_line(determinism.configure("cuda"))
+    assert line == "numerics: deterministic mode (attention no-cudnn, CUBLAS_WORKSPACE_CONFIG :4096:8; qval/determinism.py)"
+    assert "may differ from run to run" in numerics_line({"mode": "off"})

@@ -2,8 +2,8 @@
 report figure for figure, and the same bytes for the calibration state and gate 1's positions.
 
 benchmarks/compare_reports.py does the comparison (the same one that checks the H200 runs,
-benchmarks/RESULTS.md §11). FP8 candidate, all three gates small (diagnostics off: they add minutes on two cores and are
-statistics of the same tensors), on the real default model."""
+benchmarks/RESULTS.md §12). FP8 candidate, all three gates small (diagnostics off: they add
+minutes on two cores and are statistics of the same tensors), on the real default model."""
 
 from __future__ import annotations
 
