@@ -17,6 +17,7 @@ from typing import Any
 
 import torch
 
+from . import determinism
 from .config import ModelConfig
 from .errors import BackendUnavailable, ModelError
 from .io import file_fingerprint, hash_json, tree_fingerprint
@@ -217,6 +218,7 @@ def load_model(cfg: ModelConfig) -> LoadedModel:
     t0 = time.perf_counter()
     target, kwargs, name, fingerprint = locate(cfg)
     device = pick_device(cfg.device)
+    determinism.configure(device)  # before the model reaches the GPU: fixed numerics, reproducible figures
     dtype, notes = compute_dtype_for(cfg.dtype, device)
     if "gguf_file" in kwargs:
         notes.append("GGUF weights dequantized to float by transformers: this reference is the dequantized checkpoint")

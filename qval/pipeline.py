@@ -17,6 +17,7 @@ from typing import Any
 
 import torch
 
+from . import determinism
 from .config import GateConfig, QuantFormat
 from .data import chunk, dataset_identity, read_texts, token_stream
 from .errors import DataError
@@ -60,6 +61,13 @@ class Session:
             self._reference = load_model(self.config.model)
         return self._reference
 
+    @staticmethod
+    def device_of(cfg: GateConfig) -> str:
+        """The device the reference will compute on, without loading it."""
+        from .models import pick_device
+
+        return pick_device(cfg.model.device)
+
     def reference_identity(self) -> dict[str, Any]:
         """Model fingerprint, compute dtype and device, without loading the model."""
         from .models import locate, compute_dtype_for, pick_device
@@ -67,7 +75,10 @@ class Session:
         m = self.config.model
         device = pick_device(m.device)
         dtype, _ = compute_dtype_for(m.dtype, device)
-        return {"fingerprint": locate(m)[3], "device": device, "dtype": str(dtype), "trust_remote_code": m.trust_remote_code}
+        out = {"fingerprint": locate(m)[3], "device": device, "dtype": str(dtype), "trust_remote_code": m.trust_remote_code}
+        if (numerics := determinism.key(device)) is not None:  # CUDA only: a CPU run's keys are unchanged
+            out["numerics"] = numerics
+        return out
 
     def versions(self) -> dict[str, Any]:
         v = self.env["versions"]
@@ -226,6 +237,8 @@ def run_gate(cfg: GateConfig, progress: Progress = SILENT, out_dir: str | None =
     from .report import write_reports
 
     t0 = time.perf_counter()
+    # before any model loads (a sweep's reference was loaded through load_model, which did the same)
+    determinism.configure(reference.device if reference is not None else Session.device_of(cfg))
     root = Path(out_dir or cfg.report.dir)
     s = Session(config=cfg, run=RunDir(root, cfg.name), progress=progress, _reference=reference)
     calib = calibrate(s, alpha)
@@ -307,6 +320,6 @@ def assemble_report(s: Session, calib: Stage | None, results: dict[str, GateResu
         "data": data_identities(cfg),
         "gates": {k: v.to_dict() for k, v in results.items()},
         "stages": s.run.log,
-        "environment": s.env,
+        "environment": {**s.env, "determinism": determinism.describe()},
         "seconds": round(seconds, 2),
     }

@@ -93,14 +93,19 @@ def generation_inputs(ctx: "GateContext", kind: str, prompts: list[list[int]], s
     """Everything the reference's tokens depend on; its hash is the cache key."""
     from .engines.concurrent import share
 
+    from . import determinism
+
     engine = ctx.reference.describe()
+    compute = {"device": engine.get("device"), "dtype": engine.get("dtype"), "backend": engine.get("backend"),
+               # intra-op threads change a CPU product's rounding: the count the pair computes with (concurrent.py)
+               "threads": share([ctx.reference, ctx.candidate])}
+    if (numerics := determinism.key(str(engine.get("device")))) is not None:  # CUDA only: CPU keys are unchanged
+        compute["numerics"] = numerics
     return {
         "cache_version": CACHE_VERSION,
         "kind": kind,
         "reference": ctx.reference_fingerprint,
-        # intra-op threads change a CPU product's rounding: the count the pair computes with (concurrent.py)
-        "compute": {"device": engine.get("device"), "dtype": engine.get("dtype"), "backend": engine.get("backend"),
-                    "threads": share([ctx.reference, ctx.candidate])},
+        "compute": compute,
         "prompts": hash_json(prompts),
         "prompt_count": len(prompts),
         "settings": asdict(settings),

@@ -113,6 +113,13 @@ def iter_quantizers(model: torch.nn.Module) -> Iterable[tuple[str, Any]]:
             yield name, module
 
 
+def _torch_save(blob: Any, path: Path) -> None:
+    """torch.save through an open file: the archive's records are then named "archive/…" rather
+    than after atomic_write's temporary file, so the same state is the same bytes in every run."""
+    with open(path, "wb") as f:
+        torch.save(blob, f)
+
+
 def save_state(model: torch.nn.Module, reference_state: dict[str, torch.Tensor], path: Path) -> dict[str, Any]:
     """Save what calibration produced: the ModelOpt state, every quantizer buffer, and the
     weights calibration changed (SmoothQuant and AWQ fold scales into weights), not the
@@ -129,7 +136,7 @@ def save_state(model: torch.nn.Module, reference_state: dict[str, torch.Tensor],
     }
     blob = {"modelopt_state": mto.modelopt_state(model), "tensors": changed}
     needed = sum(v.numel() * v.element_size() for v in changed.values())  # at least: the tensors, for a disk-full message
-    atomic_write(path, lambda p: torch.save(blob, p), needed=needed)
+    atomic_write(path, lambda p: _torch_save(blob, p), needed=needed)
     return {"tensors_saved": len(changed), "weights_changed": sum(1 for k in changed if "quantizer" not in k)}
 
 

@@ -354,5 +354,24 @@ def render_markdown(r: dict[str, Any]) -> str:
     out += ["## Stages", "", "| stage | cached | seconds |", "|---|---|---|"]
     out += [f"| {k} | {'yes' if s['cached'] else 'no'} | {s['seconds']} |" for k, s in r["stages"].items()]
     env = r["environment"]
-    out += ["", "## Environment", "", ", ".join(f"{k} {v}" for k, v in env["versions"].items() if v), f"device: {env['device']}", ""]
+    out += ["", "## Environment", "", ", ".join(f"{k} {v}" for k, v in env["versions"].items() if v), f"device: {env['device']}"]
+    if numerics := numerics_line(env.get("determinism")):  # GPU runs only: a CPU report reads as before
+        out.append(numerics)
+    out.append("")
     return "\n".join(out)
+
+
+def numerics_line(d: dict[str, Any] | None) -> str | None:
+    """The GPU numerics a run used, in one line; None where nothing was set (a CPU run).
+
+    >>> numerics_line({"mode": "cpu"}) is None
+    True
+    >>> numerics_line({"mode": "on", "attention": "no-cudnn", "cublas_workspace_config": ":4096:8"})
+    'numerics: deterministic mode (attention no-cudnn, CUBLAS_WORKSPACE_CONFIG :4096:8; qval/determinism.py)'
+    """
+    if not d or d.get("mode") not in ("on", "off"):
+        return None
+    if d["mode"] == "off":
+        return "numerics: deterministic mode off (QVAL_DETERMINISTIC=0): figures may differ from run to run"
+    return (f"numerics: deterministic mode (attention {d.get('attention')}, CUBLAS_WORKSPACE_CONFIG "
+            f"{d.get('cublas_workspace_config')}; qval/determinism.py)")

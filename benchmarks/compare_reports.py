@@ -1,0 +1,129 @@
+"""Compare every figure of two qval report.json files (issue 12, part 7: the reproducibility check).
+
+A figure is a number anywhere in the report (lists counted element by element, booleans left
+out), except what measures the run rather than the candidate: durations and dates (keys named
+`seconds`, `*_seconds`, `*_s`, `wall*`, `created`, `date`). Strings are compared apart (paths
+and stage keys differ between two folders by construction; the verdict and statuses must not).
+
+    python3 benchmarks/compare_reports.py run1/report.json run2/report.json [--out compare.json]   # or .json.gz
+
+Prints the count of figures, how many differ, per top-level section (gates.agreement, …), and the
+largest absolute and relative differences; exit 0 when every figure is equal, 1 otherwise.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import json
+import math
+import re
+import sys
+from pathlib import Path
+from typing import Any, Iterator
+
+TIMING = re.compile(r"(^|_)(seconds|s|wall|wall_s|created|date|elapsed)$|^seconds_|_seconds$")
+
+
+def leaves(node: Any, path: str = "") -> Iterator[tuple[str, Any]]:
+    """(path, value) of every leaf; dict keys joined with '.', list indices as [i].
+
+    >>> list(leaves({"a": [1, {"b": 2.5}], "c": "x"}))
+    [('a[0]', 1), ('a[1].b', 2.5), ('c', 'x')]
+    """
+    if isinstance(node, dict):
+        for k, v in node.items():
+            yield from leaves(v, f"{path}.{k}" if path else str(k))
+    elif isinstance(node, list):
+        for i, v in enumerate(node):
+            yield from leaves(v, f"{path}[{i}]")
+    else:
+        yield path, node
+
+
+def is_timing(path: str) -> bool:
+    """Whether the leaf measures the run (a duration or a date), not the candidate.
+
+    >>> [is_timing(p) for p in ("gates.longgen.seconds", "stages.calibrate.seconds", "calibration.calibration_seconds",
+    ...                          "gates.agreement.details.kld.mean", "created", "x.wall_s", "gates.quality.details.bleu.s")]
+    [True, True, True, False, True, True, True]
+    """
+    key = re.sub(r"\[\d+\]$", "", path).split(".")[-1]
+    return bool(TIMING.search(key))
+
+
+def is_number(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+def same(a: Any, b: Any) -> bool:
+    """Equal figures; two NaNs are the same figure."""
+    if is_number(a) and is_number(b) and isinstance(a, float) and isinstance(b, float) and math.isnan(a) and math.isnan(b):
+        return True
+    return a == b
+
+
+def section(path: str) -> str:
+    parts = path.split(".")
+    return ".".join(parts[:2]) if parts[0] in ("gates", "candidate") else parts[0].split("[")[0]
+
+
+def compare(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
+    la, lb = dict(leaves(a)), dict(leaves(b))
+    figures: dict[str, dict[str, int]] = {}
+    differing: list[dict[str, Any]] = []
+    strings: list[dict[str, Any]] = []
+    timing = 0
+    only = sorted(set(la) ^ set(lb))
+    for path in sorted(set(la) & set(lb)):
+        x, y = la[path], lb[path]
+        if is_timing(path) and (is_number(x) or isinstance(x, str)):
+            timing += 1
+            continue
+        if is_number(x) and is_number(y):
+            sec = figures.setdefault(section(path), {"figures": 0, "differing": 0})
+            sec["figures"] += 1
+            if not same(x, y):
+                sec["differing"] += 1
+                diff = abs(float(x) - float(y))
+                rel = diff / max(abs(float(x)), abs(float(y))) if max(abs(float(x)), abs(float(y))) > 0 else 0.0
+                differing.append({"path": path, "a": x, "b": y, "abs_diff": diff, "rel_diff": rel})
+        elif not same(x, y):
+            strings.append({"path": path, "a": x, "b": y})
+    total = sum(s["figures"] for s in figures.values())
+    ndiff = sum(s["differing"] for s in figures.values())
+    worst = sorted(differing, key=lambda d: -d["rel_diff"])
+    return {"figures": total, "differing": ndiff, "by_section": figures, "timing_leaves_skipped": timing,
+            "only_in_one": only, "differing_figures": worst, "differing_strings": strings,
+            "verdicts": [a.get("verdict", {}).get("approved"), b.get("verdict", {}).get("approved")]}
+
+
+def load(path: Path) -> dict[str, Any]:
+    """A report.json, or one gzipped (`.gz`: how benchmarks/results keeps the large ones)."""
+    if path.suffix == ".gz":
+        return json.loads(gzip.decompress(path.read_bytes()).decode("utf-8"))
+    return json.loads(path.read_text(encoding="utf-8"))
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("a", type=Path)
+    ap.add_argument("b", type=Path)
+    ap.add_argument("--out", type=Path, help="write the whole comparison here as JSON")
+    args = ap.parse_args()
+    res = compare(load(args.a), load(args.b))
+    if args.out:
+        args.out.write_text(json.dumps(res, indent=1), encoding="utf-8")
+    print(f"{res['differing']} of {res['figures']} figures differ ({res['timing_leaves_skipped']} timing leaves skipped; "
+          f"verdicts {res['verdicts']}; {len(res['only_in_one'])} paths in one report only)")
+    for name, s in sorted(res["by_section"].items()):
+        print(f"  {name}: {s['differing']} of {s['figures']}")
+    for d in res["differing_figures"][:10]:
+        print(f"  largest: {d['path']}: {d['a']!r} vs {d['b']!r} (rel {d['rel_diff']:.3g})")
+    for d in res["differing_strings"][:40]:
+        print(f"  string: {d['path']}: {str(d['a'])[:80]!r} vs {str(d['b'])[:80]!r}")
+    return 0 if res["differing"] == 0 else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
