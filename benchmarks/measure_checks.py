@@ -12,6 +12,7 @@ Writes OUT/checks.md (one row per check and figure) and OUT/checks.json.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import sys
 import time
@@ -38,7 +39,8 @@ def main() -> None:
     from qval.io import atomic_write_json, atomic_write_text
     from qval.progress import Progress
 
-    quiet_libraries()
+    stack = contextlib.ExitStack()
+    stack.enter_context(quiet_libraries())  # for the whole script
     out = Path(args.out)
     loaded = {}
     real_load = pipeline.load_model

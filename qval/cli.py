@@ -6,10 +6,11 @@ GPU-only format). A user's mistake is one clear message, never a traceback.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import sys
 from pathlib import Path
-from typing import Callable, Optional
+from typing import Callable, Iterator, Optional
 
 import typer
 
@@ -43,24 +44,39 @@ def _err(msg: str) -> None:
     print(f"qval: error: {msg}", file=sys.stderr)
 
 
-def quiet_libraries() -> None:
+@contextlib.contextmanager
+def quiet_libraries() -> Iterator[None]:
     """Library chatter (GGUF conversion bars, accelerator probes, deprecation notes) buries
-    the figures a user came for; qval prints its own progress instead."""
+    the figures a user came for; qval prints its own progress instead. Scoped to one command:
+    the environment variables, warning filters and logger levels are put back when it ends
+    (a command called from Python, or a test, leaves the process as it found it)."""
     import logging
     import os
     import warnings
 
-    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
-    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
-    os.environ.setdefault("TQDM_DISABLE", "1")  # transformers' GGUF loader draws its own tqdm bar
+    defaults = {"TRANSFORMERS_VERBOSITY": "error", "HF_HUB_DISABLE_PROGRESS_BARS": "1",
+                "TQDM_DISABLE": "1"}  # transformers' GGUF loader draws its own tqdm bar
     import torch
 
     if not torch.cuda.is_available():  # DeepSpeed (pulled in by some installs) warns about this on import
-        os.environ.setdefault("DS_ACCELERATOR", "cpu")
-    warnings.filterwarnings("ignore", module=r"(transformers|modelopt|torch|accelerate)")
-    for name in ("transformers", "modelopt", "accelerate", "DeepSpeed", "torch.distributed"):
-        logging.getLogger(name).setLevel(logging.ERROR)
-    logging.getLogger().setLevel(logging.ERROR)
+        defaults["DS_ACCELERATOR"] = "cpu"
+    added = [k for k in defaults if k not in os.environ]
+    for k in added:
+        os.environ[k] = defaults[k]
+    loggers = [logging.getLogger(n) for n in ("transformers", "modelopt", "accelerate", "DeepSpeed", "torch.distributed")]
+    loggers.append(logging.getLogger())
+    levels = [lg.level for lg in loggers]
+    try:
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", module=r"(transformers|modelopt|torch|accelerate)")
+            for lg in loggers:
+                lg.setLevel(logging.ERROR)
+            yield
+    finally:
+        for lg, lv in zip(loggers, levels):
+            lg.setLevel(lv)
+        for k in added:
+            os.environ.pop(k, None)
 
 
 def user_errors(fn: Callable[..., int]) -> Callable[..., None]:
@@ -77,8 +93,8 @@ def user_errors(fn: Callable[..., int]) -> Callable[..., None]:
 
         forget_last_run_folder()
         try:
-            quiet_libraries()
-            code = fn(*args, **kwargs)
+            with quiet_libraries():
+                code = fn(*args, **kwargs)
         except QvalError as e:
             _err(str(e))
             raise typer.Exit(2) from None

@@ -19,8 +19,24 @@ from typing import Any, Callable
 
 from .errors import QvalError, StorageError
 
-_UMASK = os.umask(0)
-os.umask(_UMASK)
+
+
+def _current_umask() -> int:
+    """The process's umask, read without changing it where the OS says it (Linux's
+    /proc/self/status): setting it to read it would leave a window in which another thread's
+    files get the wrong mode."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+_UMASK = _current_umask()
 
 #: bytes read from each end of a large file for its quick fingerprint
 _EDGE = 4 << 20

@@ -7,13 +7,14 @@ tensors to float, so a GGUF reference is that dequantized checkpoint, not the or
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import json
 import platform
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 import torch
 
@@ -208,13 +209,24 @@ def load_tokenizer(cfg: ModelConfig) -> Any:
     return tok
 
 
+@contextlib.contextmanager
+def _no_progress_bar() -> Iterator[None]:
+    """transformers' progress bars off for the call, and back as they were after it."""
+    from transformers.utils import logging as hf_logging
+
+    was_on = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        if was_on:
+            hf_logging.enable_progress_bar()
+
+
 def load_model(cfg: ModelConfig) -> LoadedModel:
     """Load the reference in eval mode on its device, in the dtype it will compute in."""
     from transformers import AutoModelForCausalLM
 
-    from transformers.utils import logging as hf_logging
-
-    hf_logging.disable_progress_bar()  # the GGUF dequantization bar; qval reports the load time
     t0 = time.perf_counter()
     target, kwargs, name, fingerprint = locate(cfg)
     device = pick_device(cfg.device)
@@ -223,9 +235,10 @@ def load_model(cfg: ModelConfig) -> LoadedModel:
     if "gguf_file" in kwargs:
         notes.append("GGUF weights dequantized to float by transformers: this reference is the dequantized checkpoint")
     try:
-        model = AutoModelForCausalLM.from_pretrained(
-            target, dtype=dtype, trust_remote_code=cfg.trust_remote_code, low_cpu_mem_usage=True, **kwargs
-        )
+        with _no_progress_bar():  # the GGUF dequantization bar; qval reports the load time
+            model = AutoModelForCausalLM.from_pretrained(
+                target, dtype=dtype, trust_remote_code=cfg.trust_remote_code, low_cpu_mem_usage=True, **kwargs
+            )
     except (OSError, ValueError) as err:
         hint = " trust_remote_code is off; turn it on in model: only for code you trust." if "trust_remote_code" in str(err) else ""
         raise ModelError(f"cannot load model {name!r} from {target}: {err}.{hint}") from None
