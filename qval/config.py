@@ -408,6 +408,9 @@ class TaskSuite(Strict):
     #: None: acc if the task reports it, else exact_match, else its first metric; its first filter
     metric: str | None = Field(None, min_length=1)
     max_length: int | None = Field(None, ge=8)  # tokens of context (None: the model's positions, as lm-eval's HFLM)
+    #: the task's prompts as a user turn of the tokenizer's chat template (lm-eval's --apply_chat_template, few-shot
+    #: examples as turns, its default); None/false: lm-eval's default, raw prompts
+    chat_template: bool | None = None
     #: non-inferiority margin on the drop (reference − candidate: a fraction of items for a right/wrong
     #: suite, the metric's own unit otherwise): its one-sided (1 − α) upper bound must not exceed it
     margin: float = Field(gt=0)
@@ -425,7 +428,7 @@ class TaskSuite(Strict):
             also = f"; this suite gives {' and '.join(given)}" if given else ""
             raise ValueError("give exactly one of builtin (cloze, choice, recall), golden (a JSONL file) or lm_eval "
                              f"(an lm-evaluation-harness task name){also}")
-        only_lm = sorted(k for k in ("include_path", "num_fewshot", "limit", "metric", "max_length")
+        only_lm = sorted(k for k in ("include_path", "num_fewshot", "limit", "metric", "max_length", "chat_template")
                          if getattr(self, k) is not None)
         if self.lm_eval is None and only_lm:
             raise ValueError(f"{', '.join(only_lm)} apply to lm_eval suites only")

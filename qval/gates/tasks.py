@@ -408,6 +408,9 @@ def check(cfg: GateConfig, tokenizer: Any) -> str | None:
         if tokenizer is None:
             lmeval.find_task(suite, cfg.resolve)
             continue
+        if suite.chat_template and not getattr(tokenizer, "chat_template", None):
+            raise ConfigError(f"gates.tasks.suites[{i}] ({suite.label}): chat_template is true but the model's tokenizer "
+                              "has no chat template; remove chat_template, or use a model whose tokenizer has one.")
         _, task = lmeval.load_task(suite, cfg.resolve)
         lmeval.pick_metric(suite, task)
         notes.append(lmeval.limit_note(suite, task, f"gates.tasks.suites[{i}].limit", cfg.max_shortfall))

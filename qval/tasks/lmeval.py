@@ -284,7 +284,8 @@ def evaluate(lm: Any, suite: Any, tm: Any, task: Any) -> dict[str, Any]:
             # bootstrap_iters=0: lm-eval's own standard errors are not used (qval's paired intervals
             # are), and its bootstrap would start a process pool for a perplexity metric
             results = simple_evaluate(model=lm, tasks=[task], num_fewshot=suite.num_fewshot, limit=suite.limit,
-                                      log_samples=True, bootstrap_iters=0, task_manager=tm)
+                                      log_samples=True, bootstrap_iters=0, task_manager=tm,
+                                      apply_chat_template=bool(suite.chat_template))
     except (QvalError, NonFiniteLogits):
         raise
     except EngineFailed as err:

@@ -99,6 +99,22 @@ class EngineLM(TemplateLM):
     def max_gen_toks(self) -> int:
         return MAX_GEN_TOKS
 
+    @property
+    def tokenizer_name(self) -> str:  # lm-eval fingerprints chat-templated requests with it (HFLM's)
+        return str(getattr(self.tokenizer, "name_or_path", "") or "qval").replace("/", "__")
+
+    def apply_chat_template(self, chat_history: list[dict[str, str]], add_generation_prompt: bool = True) -> str:
+        """HFLM's: the tokenizer's own template; a prefilled answer continues the last message; a
+        template that refuses a system turn gets the history without it."""
+        import jinja2
+
+        kw = {"tokenize": False, "add_generation_prompt": add_generation_prompt,
+              "continue_final_message": not add_generation_prompt}
+        try:
+            return self.tokenizer.apply_chat_template(chat_history, **kw)
+        except jinja2.exceptions.TemplateError:
+            return self.tokenizer.apply_chat_template([m for m in chat_history if m["role"] != "system"], **kw)
+
     def tok_encode(self, string: str, add_special_tokens: bool | None = None, left_truncate_len: int | None = None,
                    **kwargs: Any) -> list[int]:
         special = _add_special_kwargs(add_special_tokens, None)  # HFLM with add_bos_token unset

@@ -68,7 +68,8 @@ def test_config_takes_exactly_one_source_and_lm_eval_keys_only_with_it():
                         (_suite(size=10), "size do not apply to an lm_eval suite"),
                         ({"builtin": "choice", "margin": 1.5}, "must be at most 1"),
                         (_suite(num_fewshot=-1), "num_fewshot"), (_suite(limit=0), "limit"),
-                        (_suite(lm_eval=""), "lm_eval")):
+                        (_suite(lm_eval=""), "lm_eval"),
+                        ({"builtin": "recall", "chat_template": True, "margin": 0.1}, "chat_template apply to lm_eval suites only")):
         with pytest.raises(ConfigError, match=says):
             _cfg(suite)
 
@@ -557,6 +558,45 @@ def test_the_references_accuracy_is_lm_evals_own(identity_run, default_model, pr
     theirs = _hflm(default_model, "qval_prose_rolling", prose_task, max_length=128)
     assert by["qval_prose_rolling"]["drop"]["ref_value"] == pytest.approx(
         theirs["results"]["qval_prose_rolling"]["word_perplexity,none"], rel=1e-5)
+
+
+@pytest.mark.slow
+def test_a_chat_templated_task_is_lm_evals_own_with_apply_chat_template(default_model, tmp_path):
+    """chat_template: true runs the task as lm_eval.simple_evaluate(apply_chat_template=True) does
+    with HFLM: the same prompts (a user turn of the tokenizer's template), the same marks."""
+    from qval.engines.hf import HFEngine
+
+    m = default_model
+    cfg = _cfg(_suite(limit=10, chat_template=True), _suite(lm_eval="qval_recall", limit=6, chat_template=True, margin=0.2))
+    r, v = _gate(cfg, HFEngine(m.model, m.tokenizer), HFEngine(m.model, m.tokenizer), m.tokenizer, tmp_path)
+    assert r.status == "ok", r.error
+    assert all(s["drop"]["drop"] == 0.0 and s["flipped"] == [] for s in r.details["suites"])  # the identity
+    items = [json.loads(x) for x in (tmp_path / "items.jsonl").read_text().splitlines()]
+    choice = [x for x in items if x["suite"] == "qval_choice"]
+    assert choice and all("<|im_start|>assistant" in x["excerpt"] for x in choice), choice[0]["excerpt"]
+    for task, limit, key in (("qval_choice", 10, "acc,none"), ("qval_recall", 6, "exact_match,first-number")):
+        theirs = _hflm(default_model, task, LMEVAL, limit=limit, apply_chat_template=True)
+        ours = {s["suite"]: s for s in r.details["suites"]}[task]
+        assert ours["drop"]["ref_accuracy"] == theirs["results"][task][key]
+        if task == "qval_choice":
+            assert {x["id"]: x["ref_right"] for x in choice} == {str(s["doc_id"]): bool(s["acc"]) for s in theirs["samples"][task]}
+        else:
+            assert {x["id"]: x["ref_answer"] for x in items if x["suite"] == task} == \
+                {str(s["doc_id"]): s["filtered_resps"][0] for s in theirs["samples"][task]}
+    plain = _hflm(default_model, "qval_choice", LMEVAL, limit=10)
+    assert plain["samples"]["qval_choice"][0]["arguments"] != \
+        _hflm(default_model, "qval_choice", LMEVAL, limit=10, apply_chat_template=True)["samples"]["qval_choice"][0]["arguments"]
+
+
+def test_chat_template_without_a_template_in_the_tokenizer_is_a_config_error(tokenizer):
+    import types
+
+    from qval.gates.tasks import check
+
+    cfg = _cfg(_suite(chat_template=True))
+    with pytest.raises(ConfigError, match=r"suites\[0\] \(qval_choice\): chat_template is true but the model's tokenizer has no chat template"):
+        check(cfg, types.SimpleNamespace(chat_template=None))
+    assert check(cfg, tokenizer) is None  # the built-in tokenizer has one
 
 
 def _wrapper(default_model, max_length=8192, engine=None):
