@@ -315,7 +315,7 @@ def assemble_report(s: Session, calib: Stage | None, results: dict[str, GateResu
         "config_file": cfg.source_file,
         "model": model,
         "candidate": {"format": cfg.quant.format.value, "kv_cache": cfg.quant.kv_cache.value, "exclude": cfg.quant.exclude,
-                      "weight_bits": fmt.weight_bits, "activation_bits": fmt.activation_bits, "engine": engine},
+                      "weight_bits": fmt.bits(cfg.quant), "activation_bits": fmt.activation_bits, "engine": engine},
         "calibration": calib.meta() if calib else None,
         "data": data_identities(cfg),
         "gates": {k: v.to_dict() for k, v in results.items()},

@@ -73,10 +73,10 @@ def footprint(cfg: GateConfig, model: "torch.nn.Module", context: int, batch: in
     >>> footprint(cfg, m, context=10, batch=1).to_dict()
     {'weight_bits': 8.0, 'weight_bytes': 8, 'kv_bytes_per_token': 16, 'kv_bytes': 160, 'total_bytes': 168}
     """
-    from .quantize.formats import FORMATS
+    from .quantize.formats import effective_weight_bits
 
     hp_bits = 32 if cfg.model.dtype == "float32" else 16
-    qbits = FORMATS.get(cfg.quant.format.value).weight_bits
+    qbits = effective_weight_bits(cfg.quant)
     quantize = cfg.quant.format is not QuantFormat.none
     seen: set[int] = set()
     bits = params = 0.0

@@ -44,7 +44,7 @@ def weight_budget(model: torch.nn.Module, cfg: Any) -> dict[str, Any]:
     the total already kept in high precision. A fallback's effective bits are computed from it.
     Embeddings are not linear layers (no format here quantizes them); a weight tied to another
     (lm_head and the embedding in small models) counts once."""
-    from ..quantize.formats import FORMATS
+    from ..quantize.formats import effective_weight_bits
 
     modules: dict[str, int] = {}
     high = 0
@@ -61,7 +61,7 @@ def weight_budget(model: torch.nn.Module, cfg: Any) -> dict[str, Any]:
             modules[f"{name}.weight_quantizer"] = w.numel()
         else:
             high += w.numel()
-    return {"bits_quantized": FORMATS.get(cfg.quant.format.value).weight_bits,
+    return {"bits_quantized": effective_weight_bits(cfg.quant),
             "bits_high": HIGH_PRECISION_BITS[cfg.model.dtype], "modules": modules, "high_precision_params": high}
 
 

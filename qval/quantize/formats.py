@@ -26,6 +26,12 @@ class FormatSpec:
     #: (QuantConfig, smoothquant alpha) -> ModelOpt config dict, before excludes and KV cache
     make: Callable[[QuantConfig, float | None], dict[str, Any]]
     calibrated_activations: bool = True
+    #: bits per weight as a function of the quant settings (None: `weight_bits` whatever the settings)
+    bits_of: Callable[[QuantConfig], float] | None = None
+
+    def bits(self, q: QuantConfig) -> float:
+        """Stored bits per quantized weight for these settings, scales included."""
+        return self.bits_of(q) if self.bits_of is not None else self.weight_bits
 
 
 FORMATS: Registry[FormatSpec] = Registry("quantization format")
@@ -49,6 +55,11 @@ def _set_block_size(cfg: dict[str, Any], block: int) -> dict[str, Any]:
     return cfg
 
 
+def _awq_bits(q: QuantConfig) -> float:
+    # 4-bit weights in blocks of `awq_block_size` with one 16-bit scale per block (4.125 at 128)
+    return 4 + 16 / q.awq_block_size
+
+
 def register_format(spec_name: str, **kw: Any) -> Callable[[Callable], Callable]:
     def deco(make: Callable[[QuantConfig, float | None], dict[str, Any]]) -> Callable:
         FORMATS.register(spec_name)(FormatSpec(name=spec_name, make=make, **kw))
@@ -69,13 +80,13 @@ def _int8_sq(q: QuantConfig, alpha: float | None) -> dict[str, Any]:
     return cfg
 
 
-@register_format(QuantFormat.int4_awq.value, weight_bits=4.125, activation_bits=None, needs_cuda=False)
+@register_format(QuantFormat.int4_awq.value, weight_bits=4.125, bits_of=_awq_bits, activation_bits=None, needs_cuda=False)
 def _int4_awq(q: QuantConfig, alpha: float | None) -> dict[str, Any]:
     # 4-bit weights in blocks of `awq_block_size` with a 16-bit scale per block: 4 + 16/128 bits
     return _set_block_size(_preset("INT4_AWQ_CFG"), q.awq_block_size)
 
 
-@register_format(QuantFormat.w4a8_awq.value, weight_bits=4.125, activation_bits=8, needs_cuda=False)
+@register_format(QuantFormat.w4a8_awq.value, weight_bits=4.125, bits_of=_awq_bits, activation_bits=8, needs_cuda=False)
 def _w4a8_awq(q: QuantConfig, alpha: float | None) -> dict[str, Any]:
     return _set_block_size(_preset("W4A8_AWQ_BETA_CFG"), q.awq_block_size)
 
@@ -91,4 +102,10 @@ def _none(q: QuantConfig, alpha: float | None) -> dict[str, Any]:
 
 
 def effective_weight_bits(q: QuantConfig) -> float:
-    return FORMATS.get(q.format.value).weight_bits
+    """Bits per quantized weight for `q`'s format and settings: the one figure the sweep's
+    footprint, the fallback's budget and the report use.
+
+    >>> effective_weight_bits(QuantConfig(format="int4_awq")), effective_weight_bits(QuantConfig(format="int4_awq", awq_block_size=64))
+    (4.125, 4.25)
+    """
+    return FORMATS.get(q.format.value).bits(q)

@@ -61,3 +61,30 @@ def test_the_kv_decision_is_explicit_both_ways(fmt):
     last16, last8 = golden[f"{fmt}/kvfp16"]["quant_cfg"][-1], golden[f"{fmt}/kvfp8"]["quant_cfg"][-1]
     assert last16 == {"quantizer_name": "*[kv]_bmm_quantizer", "enable": False}
     assert last8["quantizer_name"] == "*[kv]_bmm_quantizer" and last8["cfg"]["num_bits"] == [4, 3]
+
+
+def test_bits_per_weight_follow_the_settings_and_every_consumer_asks_the_format():
+    """AWQ's bits depend on its block size (one 16-bit scale per block); the sweep's footprint and
+    the fallback's budget take them from the same function as the report."""
+    import torch
+
+    from qval.config import GateConfig
+    from qval.quantize.formats import effective_weight_bits
+    from qval.sweep import footprint
+
+    bits = {f.value: effective_weight_bits(QuantConfig(format=f.value)) for f in QuantFormat}
+    assert bits == {"fp8": 8, "int8_sq": 8, "int4_awq": 4.125, "w4a8_awq": 4.125, "nvfp4": 4.5, "none": 16}
+    assert effective_weight_bits(QuantConfig(format="w4a8_awq", awq_block_size=32)) == 4.5
+
+    m = torch.nn.Sequential(torch.nn.Linear(64, 2, bias=False))
+    m.config = type("C", (), {"num_hidden_layers": 1, "num_attention_heads": 1, "hidden_size": 64})()
+    for block, want in ((128, 4.125), (64, 4.25)):
+        cfg = GateConfig.model_validate({"name": "x", "quant": {"format": "int4_awq", "exclude": [], "awq_block_size": block},
+                                         "gates": {"agreement": {"enabled": False}}})
+        assert footprint(cfg, m, context=1, batch=1).weight_bits == want
+    from qval.diagnostics.stage import effective_bits, weight_budget
+
+    lin = m[0]
+    lin.weight_quantizer = type("Q", (), {"is_enabled": True})()
+    budget = weight_budget(m, cfg)  # the block-64 config of the loop's last step
+    assert budget["bits_quantized"] == 4.25 and effective_bits(budget) == 4.25
