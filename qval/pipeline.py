@@ -129,7 +129,7 @@ def auto_batch_size(s: Session) -> int:
 def calibrate(s: Session, alpha: float | None = None) -> Stage | None:
     """Run (or reuse) calibration; returns the stage whose folder holds `quant_state.pt`."""
     q = s.config.quant
-    from .engines import needs_calibration
+    from .engines.registry import needs_calibration
 
     if q.format is QuantFormat.none or not needs_calibration(s.config.engine.backend):
         return None
@@ -161,7 +161,7 @@ def calibrate(s: Session, alpha: float | None = None) -> Stage | None:
 
 
 def candidate_identity(s: Session, calib: Stage | None) -> dict[str, Any]:
-    from .engines import engine_identity
+    from .engines.builders import engine_identity
 
     return {"quant": s.config.quant.model_dump(mode="json"), "calibration": calib.key if calib else None,
             "engine": s.config.engine.model_dump(mode="json"), **engine_identity(s.config)}
@@ -169,7 +169,8 @@ def candidate_identity(s: Session, calib: Stage | None) -> dict[str, Any]:
 
 def build(s: Session, calib: Stage | None) -> Any:
     if s._candidate is None:
-        from .engines import ENGINES, BuildContext
+        from .engines.base import BuildContext
+        from .engines.builders import ENGINES
 
         builder = ENGINES.get(s.config.engine.backend)
         s.progress.log(f"build: {s.config.engine.backend} candidate")

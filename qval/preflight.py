@@ -26,7 +26,7 @@ T = TypeVar("T")
 def calibrates(cfg: "GateConfig") -> bool:
     """Whether the run calibrates: a quantized format on a backend that builds from calibration."""
     from .config import QuantFormat
-    from .engines import needs_calibration
+    from .engines.registry import needs_calibration
 
     return cfg.quant.format is not QuantFormat.none and needs_calibration(cfg.engine.backend)
 
@@ -63,7 +63,7 @@ def preflight(cfg: "GateConfig", count_tokens: bool = True, tokenizer: Any = Non
     skips what needs the tokenizer (the budgets), the one part that reads more than files;
     `tokenizer`: the reference's, already loaded (a sweep checks many configs of one model)."""
     from .data import dataset_identity, read_texts
-    from .engines import check_engine, engine_identity
+    from .engines.builders import check_engine, engine_identity
     from .gates import GATES, context_problem
     from .models import locate, max_positions_of
 

@@ -30,7 +30,7 @@ from .progress import SILENT
 
 if TYPE_CHECKING:
     from .engines.base import Generation
-    from .gates import GateContext
+    from .gates.base import GateContext
 
 CACHE_VERSION = 1
 

@@ -191,7 +191,7 @@ def diagnose_run(cfg: Any, progress: Any, out_dir: str | None, alpha: float | No
     from ..report.html import render_html
     from ..stages import RunDir
 
-    from ..engines import needs_calibration
+    from ..engines.registry import needs_calibration
 
     if cfg.quant.format.value == "none":
         raise ConfigError(f"{cfg.source_file or cfg.name}: quant.format is none, so there are no quantizers to diagnose.")

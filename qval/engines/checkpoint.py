@@ -18,7 +18,7 @@ from ..config import GateConfig, KVCache, QuantFormat
 from ..errors import ConfigError, ModelError
 from ..io import read_text_utf8, tree_fingerprint
 from ..models import check_weights
-from . import ENGINES, BuildContext
+from .base import BuildContext
 from .hf import HFEngine
 
 #: covers letters, digits, punctuation, whitespace runs, non-Latin scripts and an emoji
@@ -101,7 +101,6 @@ def check_declared_quant(folder: Path, cfg: GateConfig, quant_algo: str | None, 
                           f"kv_cache_quant_algo {kv_algo!r}; set quant.kv_cache: {'fp8' if kv_algo else KVCache.fp16.value}.")
 
 
-@ENGINES.register("checkpoint")
 def build_checkpoint(ctx: BuildContext) -> CheckpointEngine:
     from ..export.reader import HF_QUANT_CONFIG, load_unified, read_declaration
 
@@ -134,5 +133,4 @@ def build_checkpoint(ctx: BuildContext) -> CheckpointEngine:
     return CheckpointEngine(model, tokenizer, notes=[f"candidate checkpoint {folder}, not calibrated by qval", *notes], facts=facts)
 
 
-build_checkpoint.needs_calibration = False  # type: ignore[attr-defined]
 build_checkpoint.identity = identity  # type: ignore[attr-defined]

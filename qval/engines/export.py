@@ -12,10 +12,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..export import gate as _fidelity_gate  # noqa: F401  (registers the export_fidelity gate)
-from ..export.build import BuildResult, ExportOptions, build_export, fidelity_summary
-from . import ENGINES, BuildContext
+from ..export.build import BuildResult, build_export, fidelity_summary
+from .base import BuildContext
 from .hf import HFEngine
+from .registry import ExportOptions
 
 
 class ExportEngine(HFEngine):
@@ -56,14 +56,11 @@ def load_export(ctx: BuildContext, build: BuildResult) -> ExportEngine:
     return ExportEngine(model, ctx.reference.tokenizer, build, facts, notes)
 
 
-@ENGINES.register("export")
 def build_export_engine(ctx: BuildContext) -> ExportEngine:
     options = ExportOptions.model_validate(ctx.config.engine.options)
     build = build_export(ctx.config, ctx.reference, ctx.calib_state, ctx.run_dir, options, ctx.log)
     return load_export(ctx, build)
 
-
-build_export_engine.options_model = ExportOptions  # type: ignore[attr-defined]
 
 
 def check(cfg: Any) -> None:

@@ -15,7 +15,7 @@ import contextlib
 import io
 
 from ..config import QuantFormat
-from . import ENGINES, BuildContext
+from .base import BuildContext
 from .hf import HFEngine, probe_ids
 
 
@@ -23,7 +23,6 @@ class FakeQuantEngine(HFEngine):
     backend = "fakequant"
 
 
-@ENGINES.register("fakequant")
 def build_fakequant(ctx: BuildContext) -> FakeQuantEngine:
     from ..quantize.modelopt_adapter import restore_state
 

@@ -11,10 +11,11 @@ from __future__ import annotations
 import importlib.metadata as md
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import ValidationError
 
+from ..engines.registry import ExportOptions  # noqa: F401  (declared with the backends' names; re-exported here)
 from ..errors import ConfigError, StageError
 from ..io import atomic_write_json, file_fingerprint, hash_json, read_json
 from .hf import EXPORT_MARKER, export_checkpoint, export_dtype, is_current
@@ -25,17 +26,6 @@ if TYPE_CHECKING:
 
 EXPORT_FOLDER = "export"
 FIDELITY_FILE = "fidelity.json"
-
-
-class ExportOptions(BaseModel):
-    """`engine.options` of the export-based backends."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    #: dtype of high-precision tensors and scales; auto = the dtype the reference computes in
-    dtype: Literal["auto", "float16", "bfloat16", "float32"] = "auto"
-    trtllm_checkpoint: bool = False  # also write ModelOpt's TensorRT-LLM checkpoint
-    tp_size: int = Field(1, ge=1)  # tensor parallelism of the TensorRT-LLM checkpoint / engine
 
 
 @dataclass

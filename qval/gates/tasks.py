@@ -37,13 +37,12 @@ from ..metrics.estimate import Estimate, normal_ppf
 from ..metrics.paired import (PairedCounts, informative, loglik_noninferiority, mean_noninferiority, noninferiority,
                               paired_counts)
 from ..progress import SILENT
-from ..tasks import SUITES, Item
+from ..tasks.base import OPEN_CHANCE, SUITES, Item
 from ..tasks.scoring import MATCHERS, continuation_logprob, pick, word_mark
 from ..verdict import GateResult, Threshold
-from . import GATES, GateContext, GateSpec
+from .base import GateContext, GateSpec
 
 WORD_SHOWN = 6  # greedy tokens decoded to show what a model answered on a flipped cloze item
-OPEN_CHANCE = 0.05  # the default "chance" of an open answer: below it a reference cannot show a loss
 
 
 class NonFinite(Exception):
@@ -414,4 +413,4 @@ def check(cfg: GateConfig, tokenizer: Any) -> str | None:
     return "; ".join(n for n in notes if n) or None
 
 
-GATES.register("tasks")(GateSpec("tasks", run, thresholds, inputs, lambda c: c.gates.tasks.enabled, check=check))
+SPEC = GateSpec("tasks", run, thresholds, inputs, lambda c: c.gates.tasks.enabled, check=check)

@@ -36,7 +36,7 @@ from typing import Any, Callable, Iterator
 from unittest import mock
 
 from ..errors import BackendUnavailable, ConfigError, DataError, QvalError
-from . import excerpt
+from .base import OPEN_CHANCE, excerpt
 
 PIN = "0.4.13"
 INSTALL = f'pip install "lm-eval=={PIN}" (in a qval checkout: pip install -e ".[lmeval]")'
@@ -415,8 +415,6 @@ def pair_rows(suite: Any, task: Any, how: dict[str, Any], ref: dict[str, Any], c
 def default_chance(task: Any, ref: dict[str, Any], filt: str) -> float:
     """Guessing accuracy: the mean of 1/choices over the documents of a multiple-choice task; an
     open answer's 0.05 otherwise."""
-    from ..gates.tasks import OPEN_CHANCE
-
     if task.OUTPUT_TYPE != "multiple_choice":
         return OPEN_CHANCE
     docs = _by_doc(ref["samples"][task.task_name], filt).values()
