@@ -7,7 +7,7 @@ It asks the modules that own each rule rather than restating them: the model's l
 `modelopt_adapter.check_supported`), the backend's formats (`engines.check_engine`), each
 gate's data files and budgets (`GateSpec.check`, the same functions the gates run), each gate's
 context against the model's positions read from its config (`gates.context_problem`,
-`models.max_positions_of`), and the calibration windows (`pipeline.calibration_samples`).
+`models.max_positions_of`), and the calibration windows (`calibration.calibration_samples`).
 Whatever passes here cannot fail later for the same reason.
 """
 
@@ -97,7 +97,7 @@ def preflight(cfg: "GateConfig", count_tokens: bool = True, tokenizer: Any = Non
     if not count_tokens:
         return []
 
-    from .pipeline import calibration_samples
+    from .calibration import calibration_samples
 
     notes: list[str] = []
     if tokenizer is None:

@@ -118,21 +118,3 @@ def options_for(cfg: "GateConfig", **overrides: Any) -> ExportOptions:
             hint = f"; use one of {', '.join(map(str, choices))}" if e["type"] == "literal_error" and choices else ""
             problems.append(f"{flag} {e.get('input')!r}: {e['msg']}{hint}")
         raise ConfigError(f"{cfg.source_file or cfg.name}: " + "; ".join(problems) + ".") from None
-
-
-def run_build(cfg: "GateConfig", progress: Any, out_dir: str | None, alpha: float | None, options: ExportOptions,
-              reference: "LoadedModel | None" = None) -> BuildResult:
-    """`qval build`: calibrate (or reuse the calibration), export, check fidelity; the fidelity
-    report is also written as `<run>/build.json` beside the stages."""
-    from ..config import QuantFormat
-    from ..pipeline import Session, calibrate
-    from ..stages import RunDir
-
-    if cfg.quant.format is QuantFormat.none:
-        raise StageError(f"{cfg.source_file}: quant.format is none; there is no quantized checkpoint to build.")
-    s = Session(config=cfg, run=RunDir(Path(out_dir or cfg.report.dir), cfg.name), progress=progress, _reference=reference)
-    stage = calibrate(s, alpha)
-    result = build_export(cfg, s.reference, stage.path / "quant_state.pt" if stage else None, s.run.path, options, progress.log)
-    atomic_write_json(s.run.path / "build.json", {"config": cfg.name, "export": result.export,
-                                                  "fidelity": fidelity_summary(result.fidelity), "passed": result.passed})
-    return result
