@@ -16,6 +16,8 @@ from typing import Any
 
 from ..config import GateConfig, KVCache, QuantFormat
 from ..errors import ConfigError, ModelError
+from ..export.formats import BY_QUANT_ALGO, KV_ALGO
+from ..export.reader import HF_QUANT_CONFIG, load_unified, read_declaration
 from ..io import read_text_utf8, tree_fingerprint
 from ..models import check_weights
 from .base import BuildContext
@@ -88,8 +90,6 @@ def check_vocabulary(folder: Path, config: dict[str, Any], reference: Any) -> tu
 
 def check_declared_quant(folder: Path, cfg: GateConfig, quant_algo: str | None, kv_algo: str | None) -> None:
     """When the config names a format, the checkpoint must be that format (and KV setting)."""
-    from ..export.formats import BY_QUANT_ALGO, KV_ALGO
-
     if cfg.quant.format is QuantFormat.none:
         return  # "none": describe the candidate by what the checkpoint declares
     have = BY_QUANT_ALGO.get(quant_algo or "", quant_algo)
@@ -102,8 +102,6 @@ def check_declared_quant(folder: Path, cfg: GateConfig, quant_algo: str | None, 
 
 
 def build_checkpoint(ctx: BuildContext) -> CheckpointEngine:
-    from ..export.reader import HF_QUANT_CONFIG, load_unified, read_declaration
-
     folder = folder_of(ctx.config)
     try:
         config = json.loads(read_text_utf8(folder / "config.json", ModelError))

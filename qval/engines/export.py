@@ -13,6 +13,8 @@ from __future__ import annotations
 from typing import Any
 
 from ..export.build import BuildResult, build_export, fidelity_summary
+from ..export.formats import check_exportable
+from ..export.reader import load_unified
 from .base import BuildContext
 from .hf import HFEngine
 from .registry import ExportOptions
@@ -40,8 +42,6 @@ class ExportEngine(HFEngine):
 
 
 def load_export(ctx: BuildContext, build: BuildResult) -> ExportEngine:
-    from ..export.reader import load_unified
-
     dtype = next(ctx.reference.model.parameters()).dtype
     model, facts = load_unified(build.folder, dtype, ctx.reference.device, ctx.config.model.trust_remote_code)
     t = build.fidelity.get("totals", {})
@@ -64,8 +64,6 @@ def build_export_engine(ctx: BuildContext) -> ExportEngine:
 
 
 def check(cfg: Any) -> None:
-    from ..export.formats import check_exportable
-
     check_exportable(cfg.quant.format.value, f"{cfg.source_file or cfg.name}: engine {cfg.engine.backend}")
 
 

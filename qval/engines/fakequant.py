@@ -15,6 +15,8 @@ import contextlib
 import io
 
 from ..config import QuantFormat
+from ..quantize.modelopt_adapter import restore_state
+from . import leanfp8
 from .base import BuildContext
 from .hf import HFEngine, probe_ids
 
@@ -24,8 +26,6 @@ class FakeQuantEngine(HFEngine):
 
 
 def build_fakequant(ctx: BuildContext) -> FakeQuantEngine:
-    from ..quantize.modelopt_adapter import restore_state
-
     model = copy.deepcopy(ctx.reference.model)
     notes = ["simulated quantization (ModelOpt fake quant): quantize-dequantize in high precision"]
     if ctx.config.quant.format is not QuantFormat.none:
@@ -37,8 +37,6 @@ def build_fakequant(ctx: BuildContext) -> FakeQuantEngine:
         with contextlib.redirect_stdout(io.StringIO()):
             mtq.fold_weight(model)
         if ctx.reference.device.startswith("cpu"):
-            from . import leanfp8
-
             model.eval()
             count, why = leanfp8.install(model, probe_ids(model, 48))
             notes += leanfp8.describe(count) + ([why] if why else [])

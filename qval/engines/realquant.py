@@ -32,6 +32,7 @@ import torch
 
 from ..config import QuantFormat
 from ..errors import StageError
+from ..quantize.modelopt_adapter import restore_state
 from .base import BuildContext
 from .hf import HFEngine
 from .registry import RealQuantOptions  # noqa: F401  (declared with the backend's name; re-exported here)
@@ -154,8 +155,6 @@ def check(cfg: Any) -> None:
 def build_realquant(ctx: BuildContext) -> RealQuantEngine:
     import modelopt.torch.quantization as mtq
     from modelopt.torch.quantization.backends.gemm_registry import enable_real_quant_gemm
-
-    from ..quantize.modelopt_adapter import restore_state
 
     check(ctx.config)
     if ctx.calib_state is None:

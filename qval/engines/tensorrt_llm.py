@@ -29,7 +29,9 @@ import torch
 
 from ..errors import BackendUnavailable
 from ..export.build import BuildResult, build_export, fidelity_summary
+from ..export.formats import check_exportable
 from .base import BuildContext, Engine, Generation
+from .hf import HFEngine
 from .registry import TensorRTLLMOptions  # noqa: F401  (declared with the backend's name; re-exported here)
 
 NOT_EXECUTED = "TensorRT-LLM adapter NOT EXECUTED here: it ran against a stand-in object, not tensorrt_llm.LLM"
@@ -130,16 +132,12 @@ def build_tensorrt_llm(ctx: BuildContext) -> TensorRTLLMEngine:
     options = TensorRTLLMOptions.model_validate(ctx.config.engine.options)
     build = build_export(ctx.config, ctx.reference, ctx.calib_state, ctx.run_dir, options, ctx.log)
     llm = make_llm(api, str(build.folder), options, ctx.config.model.trust_remote_code)
-    from .hf import HFEngine
-
     eos = HFEngine(ctx.reference.model, ctx.reference.tokenizer).eos_ids()
     return TensorRTLLMEngine(llm, api, eos, executed=bool(getattr(api, "real", False)), build=build, tp_size=options.tp_size)
 
 
 
 def check(cfg: Any) -> None:
-    from ..export.formats import check_exportable
-
     check_exportable(cfg.quant.format.value, f"{cfg.source_file or cfg.name}: engine {cfg.engine.backend}")
 
 

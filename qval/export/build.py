@@ -18,7 +18,8 @@ from pydantic import ValidationError
 from ..engines.registry import ExportOptions  # noqa: F401  (declared with the backends' names; re-exported here)
 from ..errors import ConfigError, StageError
 from ..io import atomic_write_json, file_fingerprint, hash_json, read_json
-from .hf import EXPORT_MARKER, export_checkpoint, export_dtype, is_current
+from .fidelity import as_exported, check_fidelity
+from .hf import EXPORT_MARKER, calibrated_copy, export_checkpoint, export_dtype, is_current
 
 if TYPE_CHECKING:
     from ..config import GateConfig
@@ -54,9 +55,6 @@ def build_export(cfg: "GateConfig", reference: "LoadedModel", calib_state: Path 
                  options: ExportOptions, log: Any = print) -> BuildResult:
     """Export (or reuse the export) and run (or reuse) the fidelity check."""
     import torch
-
-    from .fidelity import as_exported, check_fidelity
-    from .hf import calibrated_copy
 
     if calib_state is None or not Path(calib_state).is_file():
         raise StageError(f"{cfg.name}: building an export needs the calibrate stage's state "

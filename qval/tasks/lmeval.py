@@ -36,6 +36,7 @@ from typing import Any, Callable, Iterator
 from unittest import mock
 
 from ..errors import BackendUnavailable, ConfigError, DataError, QvalError
+from ..shortfall import shortfall
 from .base import OPEN_CHANCE, excerpt
 
 PIN = "0.4.13"
@@ -216,8 +217,6 @@ def pick_metric(suite: Any, task: Any) -> dict[str, Any]:
 def limit_note(suite: Any, task: Any, where: str, max_fraction: float) -> str | None:
     """A shortfall note when the task has fewer documents than the suite's limit asks for (a
     DataError past max_shortfall, as every budget); None without a limit."""
-    from ..shortfall import shortfall
-
     if suite.limit is None:
         return None
     try:
