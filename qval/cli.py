@@ -236,7 +236,7 @@ def diagnose(config: Path = ConfigOpt, out: Optional[str] = OutOpt, quiet: bool 
     """Per-layer scale diagnostics and the sensitivity ranking, no gates: layers.csv, diagnostics.json
     and diagnostics.html in the run folder (a gate report holds the same section)."""
     cfg = _checked(config)
-    from .diagnostics.stage import diagnose_run
+    from .diagnostics.command import diagnose_run
     from .pipeline import expand_alphas
     from .progress import Progress
 
@@ -263,7 +263,8 @@ def build(config: Path = ConfigOpt, out: Optional[str] = OutOpt, quiet: bool = Q
     """Export the calibrated candidate as a deployable checkpoint (<run>/export/, ModelOpt's unified HF
     format) and prove with the fidelity check that its files hold the calibrated model; exit 0 pass, 1 fail."""
     cfg = _load(config)
-    from .export.build import options_for, run_build
+    from .export.build import options_for
+    from .export.command import run_build
     from .pipeline import expand_alphas
     from .progress import Progress
 

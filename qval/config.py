@@ -15,7 +15,9 @@ from typing import Annotated, Any, Literal, Union
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from .engines.registry import BACKENDS
 from .errors import ConfigError
+from .io import read_text_utf8
 
 SCHEMA_VERSION = 1
 
@@ -115,15 +117,13 @@ class EngineConfig(Strict):
     backend: str = "fakequant"
     path: str | None = None  # backend 'checkpoint': the candidate's folder
     batch_size: int = Field(4, gt=0)
-    options: dict[str, Any] = Field(default_factory=dict)  # typed per backend (its builder's `options_model`)
+    options: dict[str, Any] = Field(default_factory=dict)  # typed per backend (its declared `options_model`)
 
     @model_validator(mode="after")
     def _options_fit(self) -> "EngineConfig":
-        from .engines import ENGINES
-
-        if self.backend not in ENGINES:
+        if self.backend not in BACKENDS:
             return self  # GateConfig names the unknown backend
-        options_model = getattr(ENGINES.get(self.backend), "options_model", None)
+        options_model = BACKENDS.get(self.backend).options_model
         if options_model is None:
             if self.options:
                 raise ValueError(f"engine backend {self.backend!r} takes no options; remove engine.options")
@@ -541,10 +541,8 @@ class GateConfig(Strict):
 
     @model_validator(mode="after")
     def _engine_known(self) -> "GateConfig":
-        from .engines import ENGINES
-
-        if self.engine.backend not in ENGINES:
-            raise ValueError(ENGINES.unknown_message(self.engine.backend))
+        if self.engine.backend not in BACKENDS:
+            raise ValueError(BACKENDS.unknown_message(self.engine.backend))
         if self.engine.backend == "checkpoint" and not self.engine.path:
             raise ValueError("engine backend 'checkpoint' needs engine.path: the candidate's folder")
         return self
@@ -674,8 +672,6 @@ class _UniqueKeyLoader(yaml.SafeLoader):
 
 def load_yaml(path: Path) -> Any:
     """The YAML of a config: UTF-8, valid, and no key given twice in one mapping."""
-    from .io import read_text_utf8
-
     text = read_text_utf8(path, ConfigError)
     loader = _UniqueKeyLoader(text)
     loader.duplicates = []  # type: ignore[attr-defined]

@@ -9,6 +9,8 @@ import errno
 import os
 from pathlib import Path
 
+from .stages import last_run_folder
+
 #: OSErrors that are the machine's state, not a bug: a full, read-only or forbidden disk
 _STORAGE_ERRNOS = {errno.ENOSPC: "no space left on the device", errno.EDQUOT: "disk quota exceeded",
                    errno.EROFS: "the file system is read-only", errno.EACCES: "permission denied"}
@@ -32,8 +34,6 @@ def crash_report(err: BaseException, command: str, params: dict[str, object]) ->
     import tempfile
     import time
     import traceback
-
-    from .stages import last_run_folder
 
     try:
         version = md.version("qval")

@@ -18,14 +18,22 @@ from typing import Any
 import torch
 
 from . import determinism
+from . import models  # locate, pick_device, compute_dtype_for looked up at call time (tests replace models.locate)
+from .calibration import auto_batch_size, calibration_batches, calibration_samples  # noqa: F401  (re-exported)
 from .config import GateConfig, QuantFormat
-from .data import chunk, dataset_identity, read_texts, token_stream
-from .errors import DataError
+from .data import dataset_identity
+from .diagnostics.stage import run_diagnostics
+from .engines.base import BuildContext
+from .engines.builders import ENGINES, engine_identity
+from .engines.hf import HFEngine
+from .engines.registry import needs_calibration
 from .gates import GATES, GateContext
 from .io import atomic_write_json, hash_json, read_json
 from .models import LoadedModel, environment, load_model
 from .progress import SILENT, Progress
-from .shortfall import shortfall
+from .quantize.formats import FORMATS
+from .quantize import modelopt_adapter  # its functions looked up at call time (tests replace save_state)
+from .report import write_reports
 from .stages import RunDir, Stage
 from .verdict import GateResult, Verdict, decide
 
@@ -64,18 +72,14 @@ class Session:
     @staticmethod
     def device_of(cfg: GateConfig) -> str:
         """The device the reference will compute on, without loading it."""
-        from .models import pick_device
-
-        return pick_device(cfg.model.device)
+        return models.pick_device(cfg.model.device)
 
     def reference_identity(self) -> dict[str, Any]:
         """Model fingerprint, compute dtype and device, without loading the model."""
-        from .models import locate, compute_dtype_for, pick_device
-
         m = self.config.model
-        device = pick_device(m.device)
-        dtype, _ = compute_dtype_for(m.dtype, device)
-        out = {"fingerprint": locate(m)[3], "device": device, "dtype": str(dtype), "trust_remote_code": m.trust_remote_code}
+        device = models.pick_device(m.device)
+        dtype, _ = models.compute_dtype_for(m.dtype, device)
+        out = {"fingerprint": models.locate(m)[3], "device": device, "dtype": str(dtype), "trust_remote_code": m.trust_remote_code}
         if (numerics := determinism.key(device)) is not None:  # CUDA only: a CPU run's keys are unchanged
             out["numerics"] = numerics
         return out
@@ -87,50 +91,13 @@ class Session:
     @property
     def ref_engine(self) -> Any:
         if self._ref_engine is None:
-            from .engines.hf import HFEngine
-
             self._ref_engine = HFEngine(self.reference.model, self.reference.tokenizer, notes=self.reference.notes)
         return self._ref_engine
-
-
-def calibration_samples(cfg: GateConfig, tokenizer: Any) -> tuple[list[list[int]], dict[str, Any]]:
-    """The calibration windows from the dataset and the tokenizer alone (qval validate runs it too)."""
-    c = cfg.calibration
-    ids = token_stream(read_texts(c.dataset, cfg.resolve(c.dataset)), tokenizer, tokenizer.eos_token_id)
-    samples = chunk(ids, c.seq_len, limit=c.samples)
-    if not samples:
-        raise DataError(f"{c.dataset}: {len(ids)} tokens is less than one sample of seq_len={c.seq_len}.")
-    info = {"dataset": c.dataset, "samples_requested": c.samples, "samples_used": len(samples), "seq_len": c.seq_len,
-            "dataset_tokens": len(ids)}
-    if note := shortfall("calibration.samples", c.samples, len(samples), f"samples of {c.seq_len} tokens", cfg.max_shortfall):
-        info["shortfall"] = note
-    return samples, info
-
-
-def calibration_batches(s: Session) -> tuple[list[torch.Tensor], dict[str, Any]]:
-    c = s.config.calibration
-    samples, info = calibration_samples(s.config, s.reference.tokenizer)
-    bs = auto_batch_size(s) if c.batch_size == "auto" else c.batch_size
-    batches = [torch.tensor(samples[i : i + bs]) for i in range(0, len(samples), bs)]
-    return batches, {**info, "batch_size": bs}
-
-
-def auto_batch_size(s: Session) -> int:
-    """4 on CPU (more does not speed up 2 cores); on a GPU as many samples as fit in a quarter
-    of free memory, counting the float32 logits, which dominate for large vocabularies."""
-    if s.reference.device != "cuda":
-        return 4
-    free, _ = torch.cuda.mem_get_info()
-    vocab = s.reference.model.config.vocab_size
-    per_sample = s.config.calibration.seq_len * vocab * 4 * 3
-    return int(max(1, min(32, free // 4 // per_sample)))
 
 
 def calibrate(s: Session, alpha: float | None = None) -> Stage | None:
     """Run (or reuse) calibration; returns the stage whose folder holds `quant_state.pt`."""
     q = s.config.quant
-    from .engines import needs_calibration
-
     if q.format is QuantFormat.none or not needs_calibration(s.config.engine.backend):
         return None
     c = s.config.calibration
@@ -143,16 +110,14 @@ def calibrate(s: Session, alpha: float | None = None) -> Stage | None:
         s.run.record(stage, cached=True)
         s.progress.log("calibrate: done earlier with the same inputs, reused")
         return stage
-    from .quantize.modelopt_adapter import check_supported, quantize, save_state
-
-    check_supported(q, s.reference.device)
+    modelopt_adapter.check_supported(q, s.reference.device)
     batches, info = calibration_batches(s)
     started = stage.begin()
     torch.manual_seed(s.config.seed)
     model = copy.deepcopy(s.reference.model)
     with s.progress.task(f"calibrate {q.format.value} ({info['samples_used']}×{c.seq_len} tokens)", len(batches)) as advance:
-        facts = quantize(model, q, batches, s.reference.device, alpha=alpha, on_batch=lambda i: advance(1))
-    saved = save_state(model, s.reference.model.state_dict(), stage.path / "quant_state.pt")
+        facts = modelopt_adapter.quantize(model, q, batches, s.reference.device, alpha=alpha, on_batch=lambda i: advance(1))
+    saved = modelopt_adapter.save_state(model, s.reference.model.state_dict(), stage.path / "quant_state.pt")
     del model
     stage.finish(started, {"calibration": info, "quantizers_enabled": facts["quantizers_enabled"],
                            "calibration_seconds": facts["seconds"], "saved": saved, "mtq_config": facts["mtq_config"]})
@@ -161,16 +126,12 @@ def calibrate(s: Session, alpha: float | None = None) -> Stage | None:
 
 
 def candidate_identity(s: Session, calib: Stage | None) -> dict[str, Any]:
-    from .engines import engine_identity
-
     return {"quant": s.config.quant.model_dump(mode="json"), "calibration": calib.key if calib else None,
             "engine": s.config.engine.model_dump(mode="json"), **engine_identity(s.config)}
 
 
 def build(s: Session, calib: Stage | None) -> Any:
     if s._candidate is None:
-        from .engines import ENGINES, BuildContext
-
         builder = ENGINES.get(s.config.engine.backend)
         s.progress.log(f"build: {s.config.engine.backend} candidate")
         ctx = BuildContext(config=s.config, reference=s.reference, calib_state=calib.path / "quant_state.pt" if calib else None,
@@ -233,9 +194,6 @@ def run_gate(cfg: GateConfig, progress: Progress = SILENT, out_dir: str | None =
     `sensitivity` (auto/always/never) overrides diagnostics.sensitivity (the fallback needs it);
     `reference`: an already loaded reference (a sweep loads it once for every candidate);
     `fail_fast`: stop running gates once one rejects (see run_gates)."""
-    from .diagnostics.stage import run_diagnostics
-    from .report import write_reports
-
     t0 = time.perf_counter()
     # before any model loads (a sweep's reference was loaded through load_model, which did the same)
     determinism.configure(reference.device if reference is not None else Session.device_of(cfg))
@@ -297,8 +255,6 @@ def reference_description(s: Session) -> dict[str, Any]:
 
 
 def assemble_report(s: Session, calib: Stage | None, results: dict[str, GateResult], verdict: Verdict, seconds: float) -> dict[str, Any]:
-    from .quantize.formats import FORMATS
-
     cfg = s.config
     fmt = FORMATS.get(cfg.quant.format.value)
     model = reference_description(s)

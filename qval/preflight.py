@@ -7,7 +7,7 @@ It asks the modules that own each rule rather than restating them: the model's l
 `modelopt_adapter.check_supported`), the backend's formats (`engines.check_engine`), each
 gate's data files and budgets (`GateSpec.check`, the same functions the gates run), each gate's
 context against the model's positions read from its config (`gates.context_problem`,
-`models.max_positions_of`), and the calibration windows (`pipeline.calibration_samples`).
+`models.max_positions_of`), and the calibration windows (`calibration.calibration_samples`).
 Whatever passes here cannot fail later for the same reason.
 """
 
@@ -15,7 +15,16 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Callable, TypeVar
 
+from . import models  # its functions looked up at call time (tests replace models.locate)
+from .calibration import calibration_samples
+from .config import QuantFormat
+from .data import dataset_identity, read_texts
+from .engines.builders import check_engine, engine_identity
+from .engines.registry import needs_calibration
 from .errors import QvalError
+from .gates import GATES, context_problem
+from .io import hash_json
+from .quantize.modelopt_adapter import check_supported
 
 if TYPE_CHECKING:
     from .config import GateConfig
@@ -25,18 +34,12 @@ T = TypeVar("T")
 
 def calibrates(cfg: "GateConfig") -> bool:
     """Whether the run calibrates: a quantized format on a backend that builds from calibration."""
-    from .config import QuantFormat
-    from .engines import needs_calibration
-
     return cfg.quant.format is not QuantFormat.none and needs_calibration(cfg.engine.backend)
 
 
 def check_hardware(cfg: "GateConfig") -> None:
     """`device: cuda` without CUDA, or a format whose kernels need a GPU on a CPU run."""
-    from .models import pick_device
-    from .quantize.modelopt_adapter import check_supported
-
-    device = pick_device(cfg.model.device)
+    device = models.pick_device(cfg.model.device)
     if calibrates(cfg):
         check_supported(cfg.quant, device)
 
@@ -48,12 +51,9 @@ def reference_tokenizer(cfg: "GateConfig") -> Any:
     """The reference's tokenizer, the only part of the model the budget checks need. Kept per
     model (its location's fingerprint included) for the process: a GGUF tokenizer takes seconds
     to convert, and a sweep or a test session preflights many configs of one model."""
-    from .io import hash_json
-    from .models import load_tokenizer, locate
-
-    key = hash_json([cfg.model.model_dump(mode="json"), locate(cfg.model)[3]])
+    key = hash_json([cfg.model.model_dump(mode="json"), models.locate(cfg.model)[3]])
     if key not in _TOKENIZERS:
-        _TOKENIZERS[key] = load_tokenizer(cfg.model)
+        _TOKENIZERS[key] = models.load_tokenizer(cfg.model)
     return _TOKENIZERS[key]
 
 
@@ -62,11 +62,6 @@ def preflight(cfg: "GateConfig", count_tokens: bool = True, tokenizer: Any = Non
     within max_shortfall) and raises one QvalError listing every problem. `count_tokens` False
     skips what needs the tokenizer (the budgets), the one part that reads more than files;
     `tokenizer`: the reference's, already loaded (a sweep checks many configs of one model)."""
-    from .data import dataset_identity, read_texts
-    from .engines import check_engine, engine_identity
-    from .gates import GATES, context_problem
-    from .models import locate, max_positions_of
-
     problems: list[str] = []
 
     def attempt(fn: Callable[[], T]) -> T | None:
@@ -78,7 +73,7 @@ def preflight(cfg: "GateConfig", count_tokens: bool = True, tokenizer: Any = Non
 
     gates = [spec for spec in GATES.ordered() if spec.enabled(cfg)]
     c = cfg.calibration
-    attempt(lambda: locate(cfg.model))
+    attempt(lambda: models.locate(cfg.model))
     attempt(lambda: engine_identity(cfg))  # a checkpoint candidate's folder and weight files
     attempt(lambda: check_hardware(cfg))
     attempt(lambda: check_engine(cfg))
@@ -90,14 +85,12 @@ def preflight(cfg: "GateConfig", count_tokens: bool = True, tokenizer: Any = Non
         attempt(lambda: spec.inputs(cfg))  # every data file a gate names exists
         if spec.check is not None:
             attempt(lambda: spec.check(cfg, None))  # ... and parses, with the fields the gate reads
-    limit = attempt(lambda: max_positions_of(cfg.model))
+    limit = attempt(lambda: models.max_positions_of(cfg.model))
     problems += [p for spec in gates if (p := context_problem(spec, cfg, limit)) is not None]
     if problems:
         raise QvalError("\n".join(dict.fromkeys(problems)))
     if not count_tokens:
         return []
-
-    from .pipeline import calibration_samples
 
     notes: list[str] = []
     if tokenizer is None:

@@ -24,13 +24,15 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from . import determinism
+from .engines import concurrent  # its functions looked up at call time (tests replace concurrent.can_pair)
+from .engines.base import Generation
 from .errors import DataError
 from .io import atomic_write_json, hash_json
 from .progress import SILENT
 
 if TYPE_CHECKING:
-    from .engines.base import Generation
-    from .gates import GateContext
+    from .gates.base import GateContext
 
 CACHE_VERSION = 1
 
@@ -91,14 +93,10 @@ def _versions() -> dict[str, str | None]:
 
 def generation_inputs(ctx: "GateContext", kind: str, prompts: list[list[int]], settings: GenerationSettings) -> dict[str, Any]:
     """Everything the reference's tokens depend on; its hash is the cache key."""
-    from .engines.concurrent import share
-
-    from . import determinism
-
     engine = ctx.reference.describe()
     compute = {"device": engine.get("device"), "dtype": engine.get("dtype"), "backend": engine.get("backend"),
                # intra-op threads change a CPU product's rounding: the count the pair computes with (concurrent.py)
-               "threads": share([ctx.reference, ctx.candidate])}
+               "threads": concurrent.share([ctx.reference, ctx.candidate])}
     if (numerics := determinism.key(str(engine.get("device")))) is not None:  # CUDA only: CPU keys are unchanged
         compute["numerics"] = numerics
     return {
@@ -119,8 +117,6 @@ def _read(path: Path, key: str) -> Generation | None:
         blob = json.loads(path.read_text(encoding="utf-8"))
         if blob.get("key") != key:
             return None
-        from .engines.base import Generation  # here, not at the top: engines -> gates -> reference
-
         return Generation.from_dict(blob["generation"])
     except (OSError, ValueError, KeyError, TypeError):
         return None
@@ -143,8 +139,6 @@ def paired_generations(ctx: "GateContext", kind: str, prompts: list[list[int]], 
     names the use ("bleu", "longgen") and keeps the files apart. When both engines are on the CPU
     and the reference's must be computed, the two decode side by side (engines/concurrent.py),
     in about the time of one. Returns both, and how they ran ({"side_by_side", "candidate_seconds"})."""
-    from .engines.concurrent import alone, can_pair, side_by_side
-
     inputs, key, path, stored = _lookup(ctx, kind, prompts, settings)
     progress = ctx.progress or SILENT
 
@@ -158,14 +152,14 @@ def paired_generations(ctx: "GateContext", kind: str, prompts: list[list[int]], 
     if stored is not None:
         ref = CachedGeneration(stored, hit=True, key=key, path=path, seconds=0.0)
         with progress.task(f"{label}: candidate generates ({len(prompts)} × {settings.new_tokens} tokens)", len(prompts)) as advance:
-            cand, cand_s = alone(lambda: run(ctx.candidate, advance), engines)
+            cand, cand_s = concurrent.alone(lambda: run(ctx.candidate, advance), engines)
         return ref, cand, {"side_by_side": False, "candidate_seconds": round(cand_s, 2)}
-    how = "side by side on the CPU" if can_pair(engines) else "one after the other"
+    how = "side by side on the CPU" if concurrent.can_pair(engines) else "one after the other"
     with progress.task(f"{label}: reference and candidate generate, {how} ({len(prompts)} × {settings.new_tokens} tokens)",
                        2 * len(prompts)) as advance:
         # the reference's job may run in a forked process: it reports no progress of its own
-        ((ref_gen, ref_s), (cand, cand_s)), paired = side_by_side([lambda: run(ctx.reference, None), lambda: run(ctx.candidate, advance)],
-                                                                   engines)
+        ((ref_gen, ref_s), (cand, cand_s)), paired = concurrent.side_by_side([lambda: run(ctx.reference, None), lambda: run(ctx.candidate, advance)],
+                                                                              engines)
         advance(len(prompts))
     atomic_write_json(path, {"key": key, "inputs": inputs, "seconds": round(ref_s, 2), "generation": ref_gen.to_dict()})
     ref = CachedGeneration(ref_gen, hit=False, key=key, path=path, seconds=ref_s)

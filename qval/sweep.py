@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 from .config import GateConfig, QuantFormat, load_config
 from .errors import ConfigError, QvalError
 from .io import atomic_write_json, atomic_write_text, hash_json
+from .quantize.formats import effective_weight_bits
 
 if TYPE_CHECKING:
     import torch
@@ -73,8 +74,6 @@ def footprint(cfg: GateConfig, model: "torch.nn.Module", context: int, batch: in
     >>> footprint(cfg, m, context=10, batch=1).to_dict()
     {'weight_bits': 8.0, 'weight_bytes': 8, 'kv_bytes_per_token': 16, 'kv_bytes': 160, 'total_bytes': 168}
     """
-    from .quantize.formats import effective_weight_bits
-
     hp_bits = 32 if cfg.model.dtype == "float32" else 16
     qbits = effective_weight_bits(cfg.quant)
     quantize = cfg.quant.format is not QuantFormat.none

@@ -29,6 +29,8 @@ from ..config import GateConfig
 from ..io import atomic_write_json, atomic_write_text
 from ..pipeline import RunResult, expand_alphas, run_gate
 from ..progress import SILENT, Progress
+from ..report import write_reports
+from .sensitivity import ranking_key
 from .stage import effective_bits, kept_high
 
 
@@ -77,8 +79,6 @@ def _useful(entry: dict[str, Any]) -> bool:
 
 def candidates(sensitivity: dict[str, Any]) -> list[dict[str, Any]]:
     """Decoder layers and projection types in one list, most KLD removed first."""
-    from .sensitivity import ranking_key
-
     return sorted([e for e in [*sensitivity.get("layers", []), *sensitivity.get("parts", [])] if _useful(e)], key=ranking_key)
 
 
@@ -189,8 +189,6 @@ def portable_config(cfg: GateConfig, new_file: Path) -> dict[str, Any]:
 def _finish(outcome: FallbackOutcome, budget: Budget, cfg_written: GateConfig | None = None) -> FallbackOutcome:
     """Write fallback.json and the resulting YAML into the starting run's folder, and add the
     outcome to its report."""
-    from ..report import write_reports
-
     folder = outcome.start.run_dir
     final_cfg = cfg_written or (outcome.final.config if outcome.steps else None)
     if final_cfg is not None:

@@ -17,24 +17,25 @@ from typing import TYPE_CHECKING, Any, Sequence
 
 import torch
 
+from ..calibration import calibration_batches
 from ..data import chunk, dataset_identity, load_dataset, token_stream
 from ..errors import DataError
 from ..io import atomic_write_json, atomic_write_text, read_json
+from ..quantize.formats import effective_weight_bits
+from ..quantize.modelopt_adapter import iter_quantizers, restore_state
 from . import scales, sensitivity
 
 if TYPE_CHECKING:
-    from pathlib import Path
-
-    from ..pipeline import Session
     from ..stages import Stage
+
+#: a `qval.pipeline.Session`; not imported: the pipeline runs these stages (qval.pipeline.run_gate)
+Session = Any
 
 HIGH_PRECISION_BITS = {"float16": 16, "bfloat16": 16, "float32": 32}
 
 
 def restore_unfolded(s: "Session", calib: "Stage") -> torch.nn.Module:
     """The calibrated candidate with its weight quantizers still live (fakequant folds them)."""
-    from ..quantize.modelopt_adapter import restore_state
-
     model = restore_state(copy.deepcopy(s.reference.model), calib.path / "quant_state.pt")
     return model.eval()
 
@@ -44,8 +45,6 @@ def weight_budget(model: torch.nn.Module, cfg: Any) -> dict[str, Any]:
     the total already kept in high precision. A fallback's effective bits are computed from it.
     Embeddings are not linear layers (no format here quantizes them); a weight tied to another
     (lm_head and the embedding in small models) counts once."""
-    from ..quantize.formats import effective_weight_bits
-
     modules: dict[str, int] = {}
     high = 0
     seen: set[int] = set()
@@ -126,8 +125,6 @@ def run_diagnostics(s: "Session", calib: "Stage | None", want_sensitivity: bool)
     d = s.config.diagnostics
     if calib is None or not d.enabled:
         return None
-    from ..pipeline import calibration_batches
-
     diag = s.run.stage("diagnose", {**_key_inputs(s, calib), "batches": d.batches,
                                      "calib_data": s.config.calibration.model_dump(mode="json")})
     sens = None
@@ -141,8 +138,6 @@ def run_diagnostics(s: "Session", calib: "Stage | None", want_sensitivity: bool)
         started = diag.begin()
         torch.manual_seed(s.config.seed)
         batches = calibration_batches(s)[0][: d.batches]
-        from ..quantize.modelopt_adapter import iter_quantizers
-
         with s.progress.task("diagnose: scale statistics", len(batches)) as advance, torch.no_grad():
             rows = scales.collect(model, iter_quantizers(model), batches, s.reference.device, lambda i: advance(1))
         flagged = scales.apply_rules(rows)
@@ -166,8 +161,6 @@ def _sensitivity(s: "Session", stage: "Stage", model: torch.nn.Module | None) ->
     if stage.is_done():
         s.run.record(stage, cached=True)
         return read_json(stage.path / "sensitivity.json")
-    from ..quantize.modelopt_adapter import iter_quantizers
-
     started = stage.begin()
     quantizers = dict(iter_quantizers(model))
     scorer = sensitivity.SliceScorer(s.ref_engine.logits, slice_chunks(s), s.reference.device,
@@ -178,40 +171,3 @@ def _sensitivity(s: "Session", stage: "Stage", model: torch.nn.Module | None) ->
     stage.finish(started, {"layers": len(result["layers"]), "parts": len(result["parts"])})
     s.run.record(stage, cached=False)
     return result
-
-
-def diagnose_run(cfg: Any, progress: Any, out_dir: str | None, alpha: float | None) -> tuple["Path", dict[str, Any]]:
-    """`qval diagnose`: calibrate (or reuse), diagnose, rank; no gates. Writes diagnostics.json,
-    layers.csv and diagnostics.html into the run folder (never report.*: that is a sign-off)."""
-    from datetime import datetime, timezone
-    from pathlib import Path
-
-    from ..errors import ConfigError
-    from ..pipeline import Session, calibrate
-    from ..report.html import render_html
-    from ..stages import RunDir
-
-    from ..engines import needs_calibration
-
-    if cfg.quant.format.value == "none":
-        raise ConfigError(f"{cfg.source_file or cfg.name}: quant.format is none, so there are no quantizers to diagnose.")
-    if not needs_calibration(cfg.engine.backend):
-        raise ConfigError(f"{cfg.source_file or cfg.name}: engine backend {cfg.engine.backend!r} gates a checkpoint made "
-                          f"elsewhere, with no qval calibration, so there are no quantizer scales to diagnose. "
-                          f"`qval gate` gates it; to diagnose the format, run `qval diagnose` on a config with "
-                          f"engine backend fakequant.")
-    cfg = cfg.model_copy(update={"diagnostics": cfg.diagnostics.model_copy(update={"enabled": True})})
-    s = Session(config=cfg, run=RunDir(Path(out_dir or cfg.report.dir), cfg.name), progress=progress)
-    calib = calibrate(s, alpha)
-    diagnostics = run_diagnostics(s, calib, cfg.diagnostics.sensitivity != "never")
-    diagnostics["layers_csv"] = "layers.csv"
-    page = {"schema": "qval.diagnostics", "schema_version": 1, "name": cfg.name, "description": cfg.description,
-            "created": datetime.now(timezone.utc).isoformat(timespec="seconds"), "config": cfg.model_dump(mode="json"),
-            "model": s.reference.describe(),
-            "candidate": {"format": cfg.quant.format.value, "kv_cache": cfg.quant.kv_cache.value, "exclude": cfg.quant.exclude,
-                          "engine": {"backend": cfg.engine.backend}},
-            "calibration": calib.meta(), "diagnostics": diagnostics, "stages": s.run.log, "environment": s.env}
-    atomic_write_text(s.run.path / "layers.csv", layers_csv(diagnostics["layers"]))
-    atomic_write_json(s.run.path / "diagnostics.json", page)
-    atomic_write_text(s.run.path / "diagnostics.html", render_html(page))
-    return s.run.path, diagnostics

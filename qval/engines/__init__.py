@@ -1,53 +1,29 @@
-"""Engines: how a candidate is built and run. Each backend registers a builder here.
+"""Engines: how a candidate is built and run.
 
-Builders are imported explicitly at the bottom (no package walking), so `ENGINES` is full as
-soon as this package is imported; heavy libraries are imported inside the builders.
+- `registry`: the backends' names, options models and capabilities, as data (what a config is
+  validated against; it imports no engine implementation);
+- `base`: the `Engine` interface and the `BuildContext` a builder receives;
+- `builders`: `ENGINES`, every backend's builder by name (it imports the implementations).
+
+This package imports only the registry, so `import qval.config` loads no engine. `ENGINES`,
+`engine_identity`, `check_engine` and `BuildContext` are re-exported here for compatibility and
+load their modules on first use; code inside qval imports them from their own modules.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable
+from typing import Any
 
-from ..registry import Registry
-
-if TYPE_CHECKING:
-    from ..config import GateConfig
-    from ..models import LoadedModel
-    from .base import Engine
+from .registry import BACKENDS, needs_calibration  # noqa: F401
 
 
-@dataclass
-class BuildContext:
-    config: "GateConfig"
-    reference: "LoadedModel"
-    calib_state: Path | None  # the calibrate stage's saved quantizer state
-    run_dir: Path
-    log: Callable[[str], Any] = print
+def __getattr__(name: str) -> Any:
+    if name in ("ENGINES", "engine_identity", "check_engine"):
+        from . import builders
 
+        return getattr(builders, name)
+    if name == "BuildContext":
+        from . import base
 
-ENGINES: Registry[Callable[[BuildContext], "Engine"]] = Registry("engine backend")
-
-
-def needs_calibration(backend: str) -> bool:
-    """False for backends that gate a finished checkpoint (they declare `needs_calibration = False`)."""
-    return getattr(ENGINES.get(backend), "needs_calibration", True)
-
-
-def engine_identity(cfg: "GateConfig") -> dict[str, Any]:
-    """What a backend adds to the gates' stage keys beyond its config (e.g. a checkpoint's content)."""
-    identity = getattr(ENGINES.get(cfg.engine.backend), "identity", None)
-    return identity(cfg) if identity else {}
-
-
-def check_engine(cfg: "GateConfig") -> None:
-    """Whether the backend can build a candidate of this config's format, asked before any model
-    loads (a backend declares `check(cfg)`, raising a QvalError, when some formats are beyond it)."""
-    check = getattr(ENGINES.get(cfg.engine.backend), "check", None)
-    if check:
-        check(cfg)
-
-
-from . import fakequant  # noqa: E402,F401  (registers "fakequant")
-from . import checkpoint, export, realquant, tensorrt_llm  # noqa: E402,F401  (register their names)
+        return base.BuildContext
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

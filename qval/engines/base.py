@@ -3,16 +3,33 @@
 A gate never touches a model directly: it asks an `Engine` for the logits of one chunk, for
 the logits of one long sequence piece by piece (with the KV cache, so a quantized KV cache is
 exercised the way decoding exercises it), or for greedy generations. Engines register by name
-in `ENGINES`; the config's `engine.backend` picks the candidate's.
+in `qval.engines.builders.ENGINES`; the config's `engine.backend` picks the candidate's, and its
+builder receives a `BuildContext`.
 """
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
-from typing import Any, Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Callable, Iterator
 
 import torch
+
+if TYPE_CHECKING:
+    from ..config import GateConfig
+    from ..models import LoadedModel
+
+
+@dataclass
+class BuildContext:
+    """What a backend's builder gets: the config, the loaded reference and the calibration."""
+
+    config: "GateConfig"
+    reference: "LoadedModel"
+    calib_state: Path | None  # the calibrate stage's saved quantizer state
+    run_dir: Path
+    log: Callable[[str], Any] = print
 
 
 @dataclass

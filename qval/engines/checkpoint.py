@@ -16,9 +16,11 @@ from typing import Any
 
 from ..config import GateConfig, KVCache, QuantFormat
 from ..errors import ConfigError, ModelError
+from ..export.formats import BY_QUANT_ALGO, KV_ALGO
+from ..export.reader import HF_QUANT_CONFIG, load_unified, read_declaration
 from ..io import read_text_utf8, tree_fingerprint
 from ..models import check_weights
-from . import ENGINES, BuildContext
+from .base import BuildContext
 from .hf import HFEngine
 
 #: covers letters, digits, punctuation, whitespace runs, non-Latin scripts and an emoji
@@ -88,8 +90,6 @@ def check_vocabulary(folder: Path, config: dict[str, Any], reference: Any) -> tu
 
 def check_declared_quant(folder: Path, cfg: GateConfig, quant_algo: str | None, kv_algo: str | None) -> None:
     """When the config names a format, the checkpoint must be that format (and KV setting)."""
-    from ..export.formats import BY_QUANT_ALGO, KV_ALGO
-
     if cfg.quant.format is QuantFormat.none:
         return  # "none": describe the candidate by what the checkpoint declares
     have = BY_QUANT_ALGO.get(quant_algo or "", quant_algo)
@@ -101,10 +101,7 @@ def check_declared_quant(folder: Path, cfg: GateConfig, quant_algo: str | None, 
                           f"kv_cache_quant_algo {kv_algo!r}; set quant.kv_cache: {'fp8' if kv_algo else KVCache.fp16.value}.")
 
 
-@ENGINES.register("checkpoint")
 def build_checkpoint(ctx: BuildContext) -> CheckpointEngine:
-    from ..export.reader import HF_QUANT_CONFIG, load_unified, read_declaration
-
     folder = folder_of(ctx.config)
     try:
         config = json.loads(read_text_utf8(folder / "config.json", ModelError))
@@ -134,5 +131,4 @@ def build_checkpoint(ctx: BuildContext) -> CheckpointEngine:
     return CheckpointEngine(model, tokenizer, notes=[f"candidate checkpoint {folder}, not calibrated by qval", *notes], facts=facts)
 
 
-build_checkpoint.needs_calibration = False  # type: ignore[attr-defined]
 build_checkpoint.identity = identity  # type: ignore[attr-defined]

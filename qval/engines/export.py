@@ -12,10 +12,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..export import gate as _fidelity_gate  # noqa: F401  (registers the export_fidelity gate)
-from ..export.build import BuildResult, ExportOptions, build_export, fidelity_summary
-from . import ENGINES, BuildContext
+from ..export.build import BuildResult, build_export, fidelity_summary
+from ..export.formats import check_exportable
+from ..export.reader import load_unified
+from .base import BuildContext
 from .hf import HFEngine
+from .registry import ExportOptions
 
 
 class ExportEngine(HFEngine):
@@ -40,8 +42,6 @@ class ExportEngine(HFEngine):
 
 
 def load_export(ctx: BuildContext, build: BuildResult) -> ExportEngine:
-    from ..export.reader import load_unified
-
     dtype = next(ctx.reference.model.parameters()).dtype
     model, facts = load_unified(build.folder, dtype, ctx.reference.device, ctx.config.model.trust_remote_code)
     t = build.fidelity.get("totals", {})
@@ -56,19 +56,14 @@ def load_export(ctx: BuildContext, build: BuildResult) -> ExportEngine:
     return ExportEngine(model, ctx.reference.tokenizer, build, facts, notes)
 
 
-@ENGINES.register("export")
 def build_export_engine(ctx: BuildContext) -> ExportEngine:
     options = ExportOptions.model_validate(ctx.config.engine.options)
     build = build_export(ctx.config, ctx.reference, ctx.calib_state, ctx.run_dir, options, ctx.log)
     return load_export(ctx, build)
 
 
-build_export_engine.options_model = ExportOptions  # type: ignore[attr-defined]
-
 
 def check(cfg: Any) -> None:
-    from ..export.formats import check_exportable
-
     check_exportable(cfg.quant.format.value, f"{cfg.source_file or cfg.name}: engine {cfg.engine.backend}")
 
 

@@ -15,7 +15,9 @@ import contextlib
 import io
 
 from ..config import QuantFormat
-from . import ENGINES, BuildContext
+from ..quantize.modelopt_adapter import restore_state
+from . import leanfp8
+from .base import BuildContext
 from .hf import HFEngine, probe_ids
 
 
@@ -23,10 +25,7 @@ class FakeQuantEngine(HFEngine):
     backend = "fakequant"
 
 
-@ENGINES.register("fakequant")
 def build_fakequant(ctx: BuildContext) -> FakeQuantEngine:
-    from ..quantize.modelopt_adapter import restore_state
-
     model = copy.deepcopy(ctx.reference.model)
     notes = ["simulated quantization (ModelOpt fake quant): quantize-dequantize in high precision"]
     if ctx.config.quant.format is not QuantFormat.none:
@@ -38,8 +37,6 @@ def build_fakequant(ctx: BuildContext) -> FakeQuantEngine:
         with contextlib.redirect_stdout(io.StringIO()):
             mtq.fold_weight(model)
         if ctx.reference.device.startswith("cpu"):
-            from . import leanfp8
-
             model.eval()
             count, why = leanfp8.install(model, probe_ids(model, 48))
             notes += leanfp8.describe(count) + ([why] if why else [])

@@ -23,6 +23,7 @@ from typing import Any, Iterator, Literal
 import torch
 
 from .base import Engine, Generation
+from .kvcache import cpu_gqa_attention, growing_cache, install_prequantized_kv
 
 DecodeMode = Literal["auto", "plain", "static"]
 _MASKED_ATTENTION = ("sdpa", "eager")  # attentions that accept a ready 4D mask
@@ -238,8 +239,6 @@ class HFEngine(Engine):
         `on_gpu` is for benchmarks/kv_prequant_cpu.py --device cuda, which measured that."""
         if not self.device.startswith("cpu") and not on_gpu:
             return
-        from .kvcache import install_prequantized_kv
-
         self.kv_quantizers, why = install_prequantized_kv(self.model, probe_ids(self.model, 268), self.device)
         if self.kv_quantizers:
             self.notes.append(f"KV cache of {len(self.kv_quantizers)} layers quantized once per token as it enters the cache "
@@ -265,8 +264,6 @@ class HFEngine(Engine):
 
     @torch.no_grad()
     def logits_pieces(self, input_ids: torch.Tensor, piece: int) -> Iterator[torch.Tensor]:
-        from .kvcache import cpu_gqa_attention, growing_cache
-
         cache = growing_cache(self.kv_quantizers)  # same logits as DynamicCache, without copying the cache per piece
         ids = input_ids.to(self.device)
         for start in range(0, ids.shape[1], piece):
@@ -280,8 +277,6 @@ class HFEngine(Engine):
         """The prompt prefilled through the KV cache computing only its last position's logits
         (`logits_to_keep=1`: a long prompt's other logits are most of the lm_head's work), then
         the answer read through the cache: the numbers of `Engine.answer_logits` without its unused rows."""
-        from .kvcache import cpu_gqa_attention, growing_cache
-
         cache = growing_cache(self.kv_quantizers)
         with cpu_gqa_attention(self.device):
             head = self.model(input_ids=torch.tensor([prompt], device=self.device), past_key_values=cache, use_cache=True,
@@ -321,8 +316,6 @@ class HFEngine(Engine):
     def _generate_plain(self, prompts: list[list[int]], max_new_tokens: int, suppress_eos: bool, batch_size: int,
                         progress: Any) -> Generation:
         from transformers import LogitsProcessorList
-
-        from .kvcache import cpu_gqa_attention, growing_cache
 
         eos, pad = self.eos_ids(), self.pad_id()
         tokens: list[list[int]] = []

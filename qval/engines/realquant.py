@@ -26,28 +26,18 @@ import copy
 import io
 import types
 from collections import Counter
-from typing import Any, Literal
+from typing import Any
 
 import torch
 
-from pydantic import BaseModel, ConfigDict
-
 from ..config import QuantFormat
 from ..errors import StageError
-from . import ENGINES, BuildContext
+from ..quantize.modelopt_adapter import restore_state
+from .base import BuildContext
 from .hf import HFEngine
+from .registry import RealQuantOptions  # noqa: F401  (declared with the backend's name; re-exported here)
 
 CPU_GEMM = "qval_cpu_fp8_scaled_mm"
-
-
-class RealQuantOptions(BaseModel):
-    """`engine.options` of realquant."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    #: on a CPU: "emulate" (dequantize the stored FP8 weights, float GEMM) or "scaled_mm"
-    #: (torch._scaled_mm with FP8 operands: the GPU's data path, but slow on a CPU)
-    cpu_fp8_gemm: Literal["emulate", "scaled_mm"] = "emulate"
 
 
 def _fp8_qtensor_weight(module: torch.nn.Module) -> bool:
@@ -162,12 +152,9 @@ def check(cfg: Any) -> None:
                           "nothing to compress (use engine: {backend: fakequant} for the identity check).")
 
 
-@ENGINES.register("realquant")
 def build_realquant(ctx: BuildContext) -> RealQuantEngine:
     import modelopt.torch.quantization as mtq
     from modelopt.torch.quantization.backends.gemm_registry import enable_real_quant_gemm
-
-    from ..quantize.modelopt_adapter import restore_state
 
     check(ctx.config)
     if ctx.calib_state is None:
@@ -192,8 +179,6 @@ def build_realquant(ctx: BuildContext) -> RealQuantEngine:
     engine.prequantize_kv()
     return engine
 
-
-build_realquant.options_model = RealQuantOptions  # type: ignore[attr-defined]
 
 
 build_realquant.check = check  # type: ignore[attr-defined]

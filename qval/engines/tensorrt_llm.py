@@ -26,19 +26,15 @@ import types
 from typing import Any, Iterator
 
 import torch
-from pydantic import Field
 
 from ..errors import BackendUnavailable
-from ..export.build import BuildResult, ExportOptions, build_export, fidelity_summary
-from . import ENGINES, BuildContext
-from .base import Engine, Generation
+from ..export.build import BuildResult, build_export, fidelity_summary
+from ..export.formats import check_exportable
+from .base import BuildContext, Engine, Generation
+from .hf import HFEngine
+from .registry import TensorRTLLMOptions  # noqa: F401  (declared with the backend's name; re-exported here)
 
 NOT_EXECUTED = "TensorRT-LLM adapter NOT EXECUTED here: it ran against a stand-in object, not tensorrt_llm.LLM"
-
-
-class TensorRTLLMOptions(ExportOptions):
-    free_gpu_memory_fraction: float = Field(0.7, gt=0, le=1)  # of the memory left after weights, for the KV cache
-    max_batch_size: int | None = Field(None, gt=0)
 
 
 def import_llm_api() -> types.SimpleNamespace:
@@ -131,24 +127,17 @@ class TensorRTLLMEngine(Engine):
         return d
 
 
-@ENGINES.register("tensorrt_llm")
 def build_tensorrt_llm(ctx: BuildContext) -> TensorRTLLMEngine:
     api = import_llm_api()  # first: no export is written for an engine that cannot run
     options = TensorRTLLMOptions.model_validate(ctx.config.engine.options)
     build = build_export(ctx.config, ctx.reference, ctx.calib_state, ctx.run_dir, options, ctx.log)
     llm = make_llm(api, str(build.folder), options, ctx.config.model.trust_remote_code)
-    from .hf import HFEngine
-
     eos = HFEngine(ctx.reference.model, ctx.reference.tokenizer).eos_ids()
     return TensorRTLLMEngine(llm, api, eos, executed=bool(getattr(api, "real", False)), build=build, tp_size=options.tp_size)
 
 
-build_tensorrt_llm.options_model = TensorRTLLMOptions  # type: ignore[attr-defined]
-
 
 def check(cfg: Any) -> None:
-    from ..export.formats import check_exportable
-
     check_exportable(cfg.quant.format.value, f"{cfg.source_file or cfg.name}: engine {cfg.engine.backend}")
 
 

@@ -11,13 +11,15 @@ from __future__ import annotations
 import importlib.metadata as md
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import ValidationError
 
+from ..engines.registry import ExportOptions  # noqa: F401  (declared with the backends' names; re-exported here)
 from ..errors import ConfigError, StageError
 from ..io import atomic_write_json, file_fingerprint, hash_json, read_json
-from .hf import EXPORT_MARKER, export_checkpoint, export_dtype, is_current
+from .fidelity import as_exported, check_fidelity
+from .hf import EXPORT_MARKER, calibrated_copy, export_checkpoint, export_dtype, is_current
 
 if TYPE_CHECKING:
     from ..config import GateConfig
@@ -25,17 +27,6 @@ if TYPE_CHECKING:
 
 EXPORT_FOLDER = "export"
 FIDELITY_FILE = "fidelity.json"
-
-
-class ExportOptions(BaseModel):
-    """`engine.options` of the export-based backends."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    #: dtype of high-precision tensors and scales; auto = the dtype the reference computes in
-    dtype: Literal["auto", "float16", "bfloat16", "float32"] = "auto"
-    trtllm_checkpoint: bool = False  # also write ModelOpt's TensorRT-LLM checkpoint
-    tp_size: int = Field(1, ge=1)  # tensor parallelism of the TensorRT-LLM checkpoint / engine
 
 
 @dataclass
@@ -64,9 +55,6 @@ def build_export(cfg: "GateConfig", reference: "LoadedModel", calib_state: Path 
                  options: ExportOptions, log: Any = print) -> BuildResult:
     """Export (or reuse the export) and run (or reuse) the fidelity check."""
     import torch
-
-    from .fidelity import as_exported, check_fidelity
-    from .hf import calibrated_copy
 
     if calib_state is None or not Path(calib_state).is_file():
         raise StageError(f"{cfg.name}: building an export needs the calibrate stage's state "
@@ -128,21 +116,3 @@ def options_for(cfg: "GateConfig", **overrides: Any) -> ExportOptions:
             hint = f"; use one of {', '.join(map(str, choices))}" if e["type"] == "literal_error" and choices else ""
             problems.append(f"{flag} {e.get('input')!r}: {e['msg']}{hint}")
         raise ConfigError(f"{cfg.source_file or cfg.name}: " + "; ".join(problems) + ".") from None
-
-
-def run_build(cfg: "GateConfig", progress: Any, out_dir: str | None, alpha: float | None, options: ExportOptions,
-              reference: "LoadedModel | None" = None) -> BuildResult:
-    """`qval build`: calibrate (or reuse the calibration), export, check fidelity; the fidelity
-    report is also written as `<run>/build.json` beside the stages."""
-    from ..config import QuantFormat
-    from ..pipeline import Session, calibrate
-    from ..stages import RunDir
-
-    if cfg.quant.format is QuantFormat.none:
-        raise StageError(f"{cfg.source_file}: quant.format is none; there is no quantized checkpoint to build.")
-    s = Session(config=cfg, run=RunDir(Path(out_dir or cfg.report.dir), cfg.name), progress=progress, _reference=reference)
-    stage = calibrate(s, alpha)
-    result = build_export(cfg, s.reference, stage.path / "quant_state.pt" if stage else None, s.run.path, options, progress.log)
-    atomic_write_json(s.run.path / "build.json", {"config": cfg.name, "export": result.export,
-                                                  "fidelity": fidelity_summary(result.fidelity), "passed": result.passed})
-    return result

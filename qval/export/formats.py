@@ -15,6 +15,7 @@ from typing import Callable
 
 import torch
 
+from ..errors import ConfigError
 from ..registry import Registry
 
 Tensors = dict[str, torch.Tensor]
@@ -114,8 +115,6 @@ KV_ALGO = {"fp16": None, "fp8": "FP8"}
 def check_exportable(fmt: str, where: str) -> None:
     """A ConfigError unless qval can export `fmt` and read it back (its fidelity check decodes only
     the registered formats, so any other export could never pass)."""
-    from ..errors import ConfigError
-
     if fmt not in EXPORT_FORMATS:
         raise ConfigError(f"{where}: quant.format {fmt} cannot be gated as an export: qval exports and reads back "
                           f"{', '.join(EXPORT_FORMATS.names())}; pick one of those or engine: {{backend: fakequant}}.")

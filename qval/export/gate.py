@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..config import GateConfig
-from ..gates import GATES, GateContext, GateSpec
+from ..gates.base import GateContext, GateSpec
 from ..metrics.estimate import Estimate
 from ..verdict import GateResult, Threshold
 
@@ -43,4 +43,4 @@ def inputs(cfg: GateConfig) -> dict[str, Any]:
     return {"engine": cfg.engine.model_dump(mode="json")}
 
 
-GATES.register(NAME)(GateSpec(NAME, run, thresholds, inputs, lambda c: c.engine.backend in EXPORTING_BACKENDS))
+SPEC = GateSpec(NAME, run, thresholds, inputs, lambda c: c.engine.backend in EXPORTING_BACKENDS)

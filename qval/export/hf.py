@@ -24,6 +24,7 @@ import torch
 
 from ..errors import BackendUnavailable, StageError
 from ..io import atomic_write_json, read_json
+from ..quantize.modelopt_adapter import restore_state
 
 if TYPE_CHECKING:
     from ..models import LoadedModel
@@ -48,8 +49,6 @@ def export_dtype(reference: "LoadedModel", requested: str) -> torch.dtype:
 
 def calibrated_copy(reference: "LoadedModel", calib_state: Path) -> torch.nn.Module:
     """A fresh copy of the reference with the calibrated quantizers restored (not folded)."""
-    from ..quantize.modelopt_adapter import restore_state
-
     model = restore_state(copy.deepcopy(reference.model), calib_state)
     # GGUF-loaded configs carry no `architectures`; ModelOpt's exporter and every deployment
     # loader read it from config.json

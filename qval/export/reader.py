@@ -19,7 +19,10 @@ from typing import Any
 
 import torch
 
+from ..config import KVCache, QuantConfig
 from ..errors import ModelError
+from ..models import check_safetensors
+from ..quantize.modelopt_adapter import build_mtq_config
 from .formats import BY_QUANT_ALGO, EXPORT_FORMATS, ExportFormat
 
 HF_QUANT_CONFIG = "hf_quant_config.json"
@@ -70,8 +73,6 @@ def load_tensors(folder: Path) -> dict[str, torch.Tensor]:
     files = sorted(Path(folder).glob("*.safetensors"))
     if not files:
         raise ModelError(f"{folder}: no .safetensors files; qval reads safetensors checkpoints only.")
-    from ..models import check_safetensors
-
     out: dict[str, torch.Tensor] = {}
     for f in files:
         check_safetensors(f)  # a truncated shard is named, not a SafetensorError traceback
@@ -133,9 +134,6 @@ def build_model(decl: UnifiedCheckpoint, state: dict[str, torch.Tensor], dtype: 
 def attach_quantizers(model: torch.nn.Module, decl: UnifiedCheckpoint, tensors: dict[str, torch.Tensor]) -> dict[str, int]:
     """Put back what the deployment does to activations and the KV cache, from stored scales."""
     import modelopt.torch.quantization as mtq
-
-    from ..config import KVCache, QuantConfig
-    from ..quantize.modelopt_adapter import build_mtq_config
 
     fmt = decl.format
     if fmt is None and decl.kv_cache_algo is None:

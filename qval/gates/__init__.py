@@ -1,79 +1,27 @@
-"""Gates: each registers a runner and the thresholds its config section sets.
+"""Gates: each gate module defines a `GateSpec` (its runner, the thresholds its config section
+sets, its inputs); `GATES` lists them explicitly, and the registry order is the run order.
 
-A gate is a pair of functions: `run(ctx) -> GateResult` measures, `thresholds(cfg, result)`
-turns the config's limits (absolute, or sized from the measured noise) into `Threshold`s for
-`decide`. Gates are imported explicitly below; the registry order is the run order.
+The specs' parts (`GateContext`, `GateSpec`, `max_positions`, `context_problem`) live in
+`qval.gates.base` and are re-exported here; gate modules import them from there.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable
-
+from ..export import gate as export_fidelity
 from ..registry import Registry
-
-if TYPE_CHECKING:
-    from ..config import GateConfig
-    from ..engines.base import Engine
-    from ..verdict import GateResult, Threshold
-
-
-@dataclass
-class GateContext:
-    config: "GateConfig"
-    reference: "Engine"
-    candidate: "Engine"
-    tokenizer: Any
-    folder: Path  # this gate's stage folder
-    shared_cache: Path  # reports/.reference: reference outputs shared by every candidate
-    reference_fingerprint: str
-    progress: Any = None  # qval.progress.Progress or None
-    upstream: dict[str, "GateResult"] = field(default_factory=dict)
-
-
-@dataclass(frozen=True)
-class GateSpec:
-    name: str
-    run: Callable[[GateContext], "GateResult"]
-    thresholds: Callable[["GateConfig", "GateResult | None"], list["Threshold"]]
-    #: the config section and data files whose change invalidates this gate's stored result
-    inputs: Callable[["GateConfig"], dict[str, Any]]
-    enabled: Callable[["GateConfig"], bool]
-    needs: tuple[str, ...] = ()  # gates whose results this one reads
-    #: (config key, tokens of context one sequence needs), checked against the model's positions
-    context: Callable[["GateConfig"], tuple[str, int]] | None = None
-    #: reads the gate's data files without a model (tokenizer None: open and parse them; with a
-    #: tokenizer: also count them against the budget); returns a shortfall note or None, raises
-    #: DataError for what the gate would refuse. `qval validate` and every command's preflight run it.
-    check: Callable[["GateConfig", Any], str | None] | None = None
-
+from . import agreement, depth, longgen, quality, retrieval, tasks
+from .base import GateContext, GateSpec, context_problem, max_positions  # noqa: F401
 
 GATES: Registry[GateSpec] = Registry("gate")
 
-
-def max_positions(ctx: GateContext) -> int | None:
-    """The reference model's maximum positions (its config's `max_position_embeddings`), or None
-    when its engine does not say: long-context gates refuse a context the model cannot hold."""
-    model = getattr(ctx.reference, "model", None)
-    n = getattr(getattr(model, "config", None), "max_position_embeddings", None)
-    return int(n) if isinstance(n, int) and n > 0 else None
-
-def context_problem(spec: GateSpec, cfg: "GateConfig", limit: int | None) -> str | None:
-    """Why the gate's context does not fit a model of `limit` positions, or None (it fits, or the
-    limit is unknown). The gates check it when they run, the preflight before any model loads."""
-    if spec.context is None or limit is None:
-        return None
-    key, need = spec.context(cfg)
-    if need <= limit:
-        return None
-    return (f"{key}: {need} tokens of context do not fit the model's {limit} positions (max_position_embeddings); "
-            f"use at most {limit}.")
-
-
-from . import agreement  # noqa: E402,F401
-from . import depth  # noqa: E402,F401  (gate 1 at depth: long documents, per depth bucket)
-from . import quality  # noqa: E402,F401  (gate 2: needs agreement's positions, so after it)
-from . import longgen  # noqa: E402,F401
-from . import retrieval  # noqa: E402,F401  (the retrieval matrix: context length × needle depth)
-from . import tasks  # noqa: E402,F401  (gate 4: answers, item by item)
+for _spec in (
+    agreement.SPEC,
+    depth.SPEC,  # gate 1 at depth: long documents, per depth bucket
+    quality.SPEC,  # gate 2: needs agreement's positions, so after it
+    longgen.SPEC,
+    retrieval.SPEC,  # the retrieval matrix: context length × needle depth
+    tasks.SPEC,  # gate 4: answers, item by item
+    export_fidelity.SPEC,  # the export backends' fidelity check (enabled for those backends only)
+):
+    GATES.register(_spec.name)(_spec)
+del _spec

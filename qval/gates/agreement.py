@@ -27,7 +27,7 @@ from ..metrics import delta_p_summary, kld_summary, mean_estimate, proportion, q
 from ..metrics.estimate import Estimate
 from ..metrics.tokens import first_nonfinite, token_stats
 from ..verdict import GateResult, Threshold
-from . import GATES, GateContext, GateSpec
+from .base import GateContext, GateSpec
 
 FIELDS = ("kld", "top1", "p_ref", "p_cand", "nll_ref", "nll_cand")
 
@@ -164,5 +164,5 @@ def check(cfg: GateConfig, tokenizer: Any) -> str | None:
     return chunks_for(cfg, tokenizer)[1].get("shortfall")
 
 
-GATES.register("agreement")(GateSpec("agreement", run, thresholds, inputs, lambda c: c.gates.agreement.enabled,
-                                     context=lambda c: ("gates.agreement.ctx", c.gates.agreement.ctx), check=check))
+SPEC = GateSpec("agreement", run, thresholds, inputs, lambda c: c.gates.agreement.enabled,
+                context=lambda c: ("gates.agreement.ctx", c.gates.agreement.ctx), check=check)

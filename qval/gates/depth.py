@@ -28,7 +28,7 @@ from ..metrics.tokens import first_nonfinite, token_stats
 from ..progress import SILENT
 from ..shortfall import shortfall
 from ..verdict import GateResult, Threshold
-from . import GATES, GateContext, GateSpec, context_problem, max_positions
+from .base import GateContext, GateSpec, context_problem, max_positions
 from .agreement import leading_tokens
 
 FIELDS = ("kld", "top1", "p_ref", "p_cand", "nll_ref", "nll_cand")
@@ -104,7 +104,7 @@ def score_chunk(ctx: GateContext, ids: list[int], piece: int) -> dict[str, np.nd
 def run(ctx: GateContext) -> GateResult:
     t0 = time.perf_counter()
     g = ctx.config.gates.depth
-    if (problem := context_problem(GATES.get("depth"), ctx.config, max_positions(ctx))) is not None:
+    if (problem := context_problem(SPEC, ctx.config, max_positions(ctx))) is not None:
         raise DataError(problem)
     chunks, info = scored_chunks(ctx)
     rows: dict[str, list[np.ndarray]] = {f: [] for f in FIELDS}
@@ -229,5 +229,5 @@ def check(cfg: GateConfig, tokenizer: Any) -> str | None:
     return chunks_for(cfg, tokenizer)[1].get("shortfall")
 
 
-GATES.register("depth")(GateSpec("depth", run, thresholds, inputs, lambda c: c.gates.depth.enabled,
-                                 context=lambda c: ("gates.depth.ctx", c.gates.depth.ctx), check=check))
+SPEC = GateSpec("depth", run, thresholds, inputs, lambda c: c.gates.depth.enabled,
+                context=lambda c: ("gates.depth.ctx", c.gates.depth.ctx), check=check)

@@ -35,7 +35,7 @@ from ..metrics.tokens import first_nonfinite, nll_of_targets, token_stats
 from ..progress import SILENT
 from ..reference import GenerationSettings, paired_generations, render_prompts
 from ..verdict import GateResult, Threshold
-from . import GATES, GateContext, GateSpec
+from .base import GateContext, GateSpec
 
 LOOP_MAX_PERIOD = 64  # DESIGN: a period of at most 64 tokens ...
 LOOP_SPAN = 256  # ... repeating through the last 256
@@ -351,4 +351,4 @@ def inputs(cfg: GateConfig) -> dict[str, Any]:
     return {"gate": g.model_dump(mode="json", exclude=limits), "data": dataset_identity(g.prompts, cfg.resolve(g.prompts))}
 
 
-GATES.register("longgen")(GateSpec("longgen", run, thresholds, inputs, lambda c: c.gates.longgen.enabled, check=check))
+SPEC = GateSpec("longgen", run, thresholds, inputs, lambda c: c.gates.longgen.enabled, check=check)

@@ -32,7 +32,7 @@ from ..metrics.perplexity import ppl_ratio
 from ..progress import SILENT
 from ..reference import GenerationSettings, paired_generations, render_prompts
 from ..verdict import GateResult, Threshold
-from . import GATES, GateContext, GateSpec
+from .base import GateContext, GateSpec
 
 
 def _positions(ctx: GateContext) -> tuple[np.ndarray, np.ndarray, dict[str, Any]]:
@@ -309,5 +309,5 @@ def check(cfg: GateConfig, tokenizer: Any) -> str | None:
     return None
 
 
-GATES.register("quality")(GateSpec("quality", run, thresholds, inputs, lambda c: c.gates.quality.enabled, needs=("agreement",),
-                                   check=check))
+SPEC = GateSpec("quality", run, thresholds, inputs, lambda c: c.gates.quality.enabled, needs=("agreement",),
+                check=check)

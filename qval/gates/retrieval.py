@@ -29,7 +29,7 @@ from ..errors import DataError
 from ..metrics.tokens import token_stats
 from ..progress import SILENT
 from ..verdict import GateResult, Threshold
-from . import GATES, GateContext, GateSpec, context_problem, max_positions
+from .base import GateContext, GateSpec, context_problem, max_positions
 from .needles import Trial, build_trials, starts_with_digit
 
 ANSWER_TOKENS = 10  # greedy tokens decoded to show a discordant trial's answers
@@ -83,7 +83,7 @@ def score(ctx: GateContext, trial: Trial) -> dict[str, Any]:
 def run(ctx: GateContext) -> GateResult:
     t0 = time.perf_counter()
     g = ctx.config.gates.retrieval
-    if (problem := context_problem(GATES.get("retrieval"), ctx.config, max_positions(ctx))) is not None:
+    if (problem := context_problem(SPEC, ctx.config, max_positions(ctx))) is not None:
         raise DataError(problem)
     trials, info = trials_for(ctx)
     rows = []
@@ -209,6 +209,6 @@ def check(cfg: GateConfig, tokenizer: Any) -> str | None:
     return None
 
 
-GATES.register("retrieval")(GateSpec("retrieval", run, thresholds, inputs, lambda c: c.gates.retrieval.enabled,
-                                     context=lambda c: ("gates.retrieval.lengths (the longest and 16 answer tokens)",
-                                                        max(c.gates.retrieval.lengths) + 16), check=check))
+SPEC = GateSpec("retrieval", run, thresholds, inputs, lambda c: c.gates.retrieval.enabled,
+                context=lambda c: ("gates.retrieval.lengths (the longest and 16 answer tokens)",
+                                   max(c.gates.retrieval.lengths) + 16), check=check)

@@ -37,13 +37,13 @@ from ..metrics.estimate import Estimate, normal_ppf
 from ..metrics.paired import (PairedCounts, informative, loglik_noninferiority, mean_noninferiority, noninferiority,
                               paired_counts)
 from ..progress import SILENT
-from ..tasks import SUITES, Item
+from ..tasks import lmeval
+from ..tasks.base import OPEN_CHANCE, SUITES, Item
 from ..tasks.scoring import MATCHERS, continuation_logprob, pick, word_mark
 from ..verdict import GateResult, Threshold
-from . import GATES, GateContext, GateSpec
+from .base import GateContext, GateSpec
 
 WORD_SHOWN = 6  # greedy tokens decoded to show what a model answered on a flipped cloze item
-OPEN_CHANCE = 0.05  # the default "chance" of an open answer: below it a reference cannot show a loss
 
 
 class NonFinite(Exception):
@@ -172,8 +172,6 @@ def lmeval_max_length(ctx: GateContext, suite: TaskSuite) -> int:
 
 def run_lmeval_suite(ctx: GateContext, suite: TaskSuite) -> dict[str, Any]:
     """One lm-eval task on both engines, paired by document: the suite's entry with its rows."""
-    from ..tasks import lmeval
-
     lmeval.require(suite)
     from ..tasks.lmeval_lm import EngineLM, NonFiniteLogits
 
@@ -385,8 +383,6 @@ def inputs(cfg: GateConfig) -> dict[str, Any]:
 def lmeval_identity(cfg: GateConfig, suite: TaskSuite) -> dict[str, Any]:
     """What a stage key knows of an lm-eval suite's data: the task's name, the lm-eval version, and
     the content of the include_path folder (the user's YAMLs and the local data beside them)."""
-    from ..tasks import lmeval
-
     out: dict[str, Any] = {"spec": f"lm-eval:{suite.lm_eval}", "lm_eval": lmeval.version()}
     if suite.include_path is not None:
         folder = lmeval.include_folder(suite, cfg.resolve)
@@ -399,8 +395,6 @@ def check(cfg: GateConfig, tokenizer: Any) -> str | None:
     folder, the task a name lm-eval knows and one task, not a group or tag. With it (the budget
     pass): the task loaded (its data read), its metric one with a per-document score, and its
     documents against the suite's limit (a shortfall note)."""
-    from ..tasks import lmeval
-
     notes = []
     for i, suite in enumerate(cfg.gates.tasks.suites):
         if suite.lm_eval is None:
@@ -417,4 +411,4 @@ def check(cfg: GateConfig, tokenizer: Any) -> str | None:
     return "; ".join(n for n in notes if n) or None
 
 
-GATES.register("tasks")(GateSpec("tasks", run, thresholds, inputs, lambda c: c.gates.tasks.enabled, check=check))
+SPEC = GateSpec("tasks", run, thresholds, inputs, lambda c: c.gates.tasks.enabled, check=check)

@@ -22,6 +22,7 @@ import torch
 
 from ..config import KVCache, QuantConfig, QuantFormat
 from ..errors import BackendUnavailable, StageError
+from ..io import atomic_write
 from .formats import FORMATS
 
 KV_QUANTIZERS = "*[kv]_bmm_quantizer"
@@ -125,8 +126,6 @@ def save_state(model: torch.nn.Module, reference_state: dict[str, torch.Tensor],
     weights calibration changed (SmoothQuant and AWQ fold scales into weights), not the
     untouched rest of the model, which the reference already holds."""
     import modelopt.torch.opt as mto
-
-    from ..io import atomic_write
 
     state = model.state_dict()
     changed = {

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .markdown import fmt
+from .numbers import fmt
 
 TOP = 8
 

@@ -15,7 +15,8 @@ from html import escape
 from typing import Any, Iterable, Sequence
 
 from . import charts
-from .markdown import fmt, interval, lmeval_rows, reference_text, runtime_text, threshold_text
+from .markdown import interval, lmeval_rows, reference_text, runtime_text, threshold_text
+from .numbers import fmt
 
 CSS = """
 body{font-family:Helvetica,Arial,sans-serif;margin:24px auto;max-width:1100px;color:#222;line-height:1.4}

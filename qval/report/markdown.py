@@ -4,19 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-
-def fmt(x: Any, digits: int = 4) -> str:
-    if x is None:
-        return "–"
-    if isinstance(x, str):
-        return x
-    if isinstance(x, bool):
-        return str(x)
-    if isinstance(x, int):
-        return str(x)
-    if x != 0 and (abs(x) < 1e-3 or abs(x) >= 1e5):
-        return f"{x:.{digits - 1}e}"
-    return f"{x:.{digits}g}"  # significant digits: a standard error of 0.0025 is "0.0025", not "0"
+from .diagnostics_md import diagnostics_markdown
+from .numbers import fmt
 
 
 def interval(c: dict[str, Any]) -> str:
@@ -340,8 +329,6 @@ def render_markdown(r: dict[str, Any]) -> str:
             out += [f"**{g['status']}**: {g['error']}", ""]
         if g["measurements"]:
             out += render(g) + [""]
-    from .diagnostics_md import diagnostics_markdown
-
     out += diagnostics_markdown(r)
     cal = r.get("calibration")
     if cal:

@@ -18,7 +18,7 @@ from typing import Any, Callable
 
 from ..data import load_dataset
 from ..errors import DataError
-from . import SUITES, Item, excerpt
+from .base import SUITES, Item, excerpt
 
 WORD = re.compile(r"[A-Za-z]+")
 SENTENCE = re.compile(r"(?<=[.!?])\s+(?=[A-Z\"“])")

@@ -16,7 +16,7 @@ from typing import Any, Callable
 from ..data import _read_jsonl
 from ..errors import DataError
 from ..reference import render_prompts
-from . import SUITES, Item, excerpt
+from .base import SUITES, Item, excerpt
 from .builtin import split_continuation
 from .scoring import MATCHERS
 

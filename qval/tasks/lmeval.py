@@ -36,7 +36,8 @@ from typing import Any, Callable, Iterator
 from unittest import mock
 
 from ..errors import BackendUnavailable, ConfigError, DataError, QvalError
-from . import excerpt
+from ..shortfall import shortfall
+from .base import OPEN_CHANCE, excerpt
 
 PIN = "0.4.13"
 INSTALL = f'pip install "lm-eval=={PIN}" (in a qval checkout: pip install -e ".[lmeval]")'
@@ -216,8 +217,6 @@ def pick_metric(suite: Any, task: Any) -> dict[str, Any]:
 def limit_note(suite: Any, task: Any, where: str, max_fraction: float) -> str | None:
     """A shortfall note when the task has fewer documents than the suite's limit asks for (a
     DataError past max_shortfall, as every budget); None without a limit."""
-    from ..shortfall import shortfall
-
     if suite.limit is None:
         return None
     try:
@@ -416,8 +415,6 @@ def pair_rows(suite: Any, task: Any, how: dict[str, Any], ref: dict[str, Any], c
 def default_chance(task: Any, ref: dict[str, Any], filt: str) -> float:
     """Guessing accuracy: the mean of 1/choices over the documents of a multiple-choice task; an
     open answer's 0.05 otherwise."""
-    from ..gates.tasks import OPEN_CHANCE
-
     if task.OUTPUT_TYPE != "multiple_choice":
         return OPEN_CHANCE
     docs = _by_doc(ref["samples"][task.task_name], filt).values()

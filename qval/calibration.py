@@ -1,0 +1,48 @@
+"""The calibration windows: from the dataset and the tokenizer alone (`qval validate` counts
+them), and as batches for a run (`s`: a `qval.pipeline.Session`, or anything with its `config`
+and `reference`); the calibrate and diagnose stages read the same batches.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from .config import GateConfig
+from .data import chunk, read_texts, token_stream
+from .errors import DataError
+from .shortfall import shortfall
+
+
+def calibration_samples(cfg: GateConfig, tokenizer: Any) -> tuple[list[list[int]], dict[str, Any]]:
+    """The calibration windows from the dataset and the tokenizer alone (qval validate runs it too)."""
+    c = cfg.calibration
+    ids = token_stream(read_texts(c.dataset, cfg.resolve(c.dataset)), tokenizer, tokenizer.eos_token_id)
+    samples = chunk(ids, c.seq_len, limit=c.samples)
+    if not samples:
+        raise DataError(f"{c.dataset}: {len(ids)} tokens is less than one sample of seq_len={c.seq_len}.")
+    info = {"dataset": c.dataset, "samples_requested": c.samples, "samples_used": len(samples), "seq_len": c.seq_len,
+            "dataset_tokens": len(ids)}
+    if note := shortfall("calibration.samples", c.samples, len(samples), f"samples of {c.seq_len} tokens", cfg.max_shortfall):
+        info["shortfall"] = note
+    return samples, info
+
+
+def calibration_batches(s: Any) -> tuple[list[torch.Tensor], dict[str, Any]]:
+    c = s.config.calibration
+    samples, info = calibration_samples(s.config, s.reference.tokenizer)
+    bs = auto_batch_size(s) if c.batch_size == "auto" else c.batch_size
+    batches = [torch.tensor(samples[i : i + bs]) for i in range(0, len(samples), bs)]
+    return batches, {**info, "batch_size": bs}
+
+
+def auto_batch_size(s: Any) -> int:
+    """4 on CPU (more does not speed up 2 cores); on a GPU as many samples as fit in a quarter
+    of free memory, counting the float32 logits, which dominate for large vocabularies."""
+    if s.reference.device != "cuda":
+        return 4
+    free, _ = torch.cuda.mem_get_info()
+    vocab = s.reference.model.config.vocab_size
+    per_sample = s.config.calibration.seq_len * vocab * 4 * 3
+    return int(max(1, min(32, free // 4 // per_sample)))

@@ -1,0 +1,33 @@
+"""`qval build`: calibrate (or reuse the calibration), export, check fidelity.
+
+A command on top of the pipeline (its session and calibrate stage) and of the build stage in
+`build.py`, which the export engines also run; kept apart from it so that the engines do not
+depend on the pipeline that runs them.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from .. import pipeline  # looked up at call time, as before (tests replace pipeline.calibrate)
+from ..config import GateConfig, QuantFormat
+from ..errors import StageError
+from ..io import atomic_write_json
+from ..models import LoadedModel
+from ..stages import RunDir
+from .build import BuildResult, ExportOptions, build_export, fidelity_summary
+
+
+def run_build(cfg: GateConfig, progress: Any, out_dir: str | None, alpha: float | None, options: ExportOptions,
+              reference: LoadedModel | None = None) -> BuildResult:
+    """`qval build`: calibrate (or reuse the calibration), export, check fidelity; the fidelity
+    report is also written as `<run>/build.json` beside the stages."""
+    if cfg.quant.format is QuantFormat.none:
+        raise StageError(f"{cfg.source_file}: quant.format is none; there is no quantized checkpoint to build.")
+    s = pipeline.Session(config=cfg, run=RunDir(Path(out_dir or cfg.report.dir), cfg.name), progress=progress, _reference=reference)
+    stage = pipeline.calibrate(s, alpha)
+    result = build_export(cfg, s.reference, stage.path / "quant_state.pt" if stage else None, s.run.path, options, progress.log)
+    atomic_write_json(s.run.path / "build.json", {"config": cfg.name, "export": result.export,
+                                                  "fidelity": fidelity_summary(result.fidelity), "passed": result.passed})
+    return result

@@ -1,0 +1,66 @@
+"""What every gate is made of: the context it runs in and the spec it registers.
+
+A gate is a pair of functions: `run(ctx) -> GateResult` measures, `thresholds(cfg, result)`
+turns the config's limits (absolute, or sized from the measured noise) into `Threshold`s for
+`decide`. Each gate module defines its `SPEC`; `qval.gates` lists them in `GATES`, in run order.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Callable
+
+if TYPE_CHECKING:
+    from ..config import GateConfig
+    from ..engines.base import Engine
+    from ..verdict import GateResult, Threshold
+
+
+@dataclass
+class GateContext:
+    config: "GateConfig"
+    reference: "Engine"
+    candidate: "Engine"
+    tokenizer: Any
+    folder: Path  # this gate's stage folder
+    shared_cache: Path  # reports/.reference: reference outputs shared by every candidate
+    reference_fingerprint: str
+    progress: Any = None  # qval.progress.Progress or None
+    upstream: dict[str, "GateResult"] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class GateSpec:
+    name: str
+    run: Callable[[GateContext], "GateResult"]
+    thresholds: Callable[["GateConfig", "GateResult | None"], list["Threshold"]]
+    #: the config section and data files whose change invalidates this gate's stored result
+    inputs: Callable[["GateConfig"], dict[str, Any]]
+    enabled: Callable[["GateConfig"], bool]
+    needs: tuple[str, ...] = ()  # gates whose results this one reads
+    #: (config key, tokens of context one sequence needs), checked against the model's positions
+    context: Callable[["GateConfig"], tuple[str, int]] | None = None
+    #: reads the gate's data files without a model (tokenizer None: open and parse them; with a
+    #: tokenizer: also count them against the budget); returns a shortfall note or None, raises
+    #: DataError for what the gate would refuse. `qval validate` and every command's preflight run it.
+    check: Callable[["GateConfig", Any], str | None] | None = None
+
+
+def max_positions(ctx: GateContext) -> int | None:
+    """The reference model's maximum positions (its config's `max_position_embeddings`), or None
+    when its engine does not say: long-context gates refuse a context the model cannot hold."""
+    model = getattr(ctx.reference, "model", None)
+    n = getattr(getattr(model, "config", None), "max_position_embeddings", None)
+    return int(n) if isinstance(n, int) and n > 0 else None
+
+def context_problem(spec: GateSpec, cfg: "GateConfig", limit: int | None) -> str | None:
+    """Why the gate's context does not fit a model of `limit` positions, or None (it fits, or the
+    limit is unknown). The gates check it when they run, the preflight before any model loads."""
+    if spec.context is None or limit is None:
+        return None
+    key, need = spec.context(cfg)
+    if need <= limit:
+        return None
+    return (f"{key}: {need} tokens of context do not fit the model's {limit} positions (max_position_embeddings); "
+            f"use at most {limit}.")
