@@ -119,10 +119,15 @@ class EngineConfig(Strict):
     batch_size: int = Field(4, gt=0)
     options: dict[str, Any] = Field(default_factory=dict)  # typed per backend (its declared `options_model`)
 
+    @field_validator("backend")
+    @classmethod
+    def _backend_known(cls, v: str) -> str:
+        if v not in BACKENDS:
+            raise ValueError(BACKENDS.unknown_message(v).rstrip("."))  # the error line ends with its own period
+        return v
+
     @model_validator(mode="after")
     def _options_fit(self) -> "EngineConfig":
-        if self.backend not in BACKENDS:
-            return self  # GateConfig names the unknown backend
         options_model = BACKENDS.get(self.backend).options_model
         if options_model is None:
             if self.options:
@@ -541,8 +546,6 @@ class GateConfig(Strict):
 
     @model_validator(mode="after")
     def _engine_known(self) -> "GateConfig":
-        if self.engine.backend not in BACKENDS:
-            raise ValueError(BACKENDS.unknown_message(self.engine.backend))
         if self.engine.backend == "checkpoint" and not self.engine.path:
             raise ValueError("engine backend 'checkpoint' needs engine.path: the candidate's folder")
         return self

@@ -155,3 +155,12 @@ def test_nvfp4_on_cpu_is_a_clear_error_not_a_crash(tmp_path):
     out = result.output + result.stderr
     assert result.exit_code == 2, out
     assert "needs a CUDA GPU" in out and "Traceback" not in out
+
+
+def test_an_unknown_backend_is_named_at_its_key_with_the_close_name(tmp_path):
+    data = small_config("typo-backend")
+    data["engine"] = {"backend": "tensorrt"}
+    code, out = cli_validate(write_config(tmp_path, data))
+    assert code == 2
+    assert ("engine.backend = 'tensorrt': unknown engine backend 'tensorrt'. Did you mean 'tensorrt_llm'? "
+            "Available: checkpoint, export, fakequant, realquant, tensorrt_llm.") in out and ".." not in out, out
