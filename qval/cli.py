@@ -191,9 +191,10 @@ def gate(config: Path = ConfigOpt, out: Optional[str] = OutOpt, quiet: bool = Qu
         passing = [r for r in runs if r.verdict.approved]
         print("\nalpha sweep: " + ", ".join(f"{r.config.name}: {'APPROVE' if r.verdict.approved else 'REJECT'}" for r in runs))
         if passing:
-            best = min(passing, key=lambda r: r.report["gates"]["agreement"]["measurements"]["mean_kld"]["value"]
-                       if "agreement" in r.report["gates"] else 0.0)
-            print(f"recommended: {best.config.name} (passes every gate; lowest mean KLD among those that pass)")
+            from .ranking import best
+
+            chosen = runs[best(runs, "closest")]
+            print(f"recommended: {chosen.config.name} (passes every gate; lowest mean KLD among those that pass)")
         return 0 if passing else 1
     return runs[0].exit_code
 

@@ -24,6 +24,7 @@ from .config import GateConfig, QuantFormat, load_config
 from .errors import ConfigError, QvalError
 from .io import atomic_write_json, atomic_write_text, hash_json
 from .quantize.formats import effective_weight_bits
+from .ranking import rank_key, standing, worst_drop
 
 if TYPE_CHECKING:
     import torch
@@ -122,9 +123,7 @@ class SweepEntry:
             e = gates.get(g, {}).get("measurements", {}).get(m)
             out[f"{g}.{m}"] = e.get("value") if e else None
         # gate 4: the worst suite's paired drop (reference − candidate), the answers' summary figure
-        drops = [v.get("value") for k, v in gates.get("tasks", {}).get("measurements", {}).items() if k.startswith("drop@")]
-        drops = [d for d in drops if d is not None]
-        out["tasks.worst_drop"] = max(drops) if drops else None
+        out["tasks.worst_drop"] = worst_drop(self.run.report) if self.run else None
         return out
 
     def to_dict(self) -> dict[str, Any]:
@@ -149,16 +148,10 @@ class SweepResult:
     reference: dict[str, Any] = field(default_factory=dict)
 
     def ranked(self) -> list[SweepEntry]:
-        order = {"APPROVE": 0, "REJECT": 1, "ERROR": 2}
+        """Best first, by `ranking`'s "smallest" policy (approved, then size, then answers lost, then KLD)."""
 
         def key(e: SweepEntry) -> tuple[Any, ...]:
-            size = e.footprint.total_bytes if e.footprint else float("inf")
-            f = e.figures()
-            kld, drop = f.get("agreement.mean_kld"), f.get("tasks.worst_drop")
-            fails = len(e.run.verdict.failures) if e.run else 0
-            # equal size: fewer answers lost first (gate 4), then the smaller logit error
-            return (order[e.status], fails if e.status == "REJECT" else 0, size, drop if drop is not None else float("inf"),
-                    kld if kld is not None else float("inf"))
+            return rank_key(standing(e.run, e.footprint.total_bytes if e.footprint else None), "smallest")
 
         return sorted(self.entries, key=key)
 

@@ -29,6 +29,7 @@ from ..config import GateConfig
 from ..io import atomic_write_json, atomic_write_text
 from ..pipeline import RunResult, expand_alphas, run_gate
 from ..progress import SILENT, Progress
+from ..ranking import best, mean_kld
 from ..report import write_reports
 from .sensitivity import ranking_key
 from .stage import effective_bits, kept_high
@@ -58,10 +59,11 @@ class FallbackOutcome:
         return 0 if self.approved else 1
 
 
-def _score(r: RunResult) -> tuple[int, float]:
-    ag = r.report["gates"].get("agreement", {}).get("measurements", {}).get("mean_kld", {})
-    kld = float(ag.get("value", math.inf)) if ag else math.inf
-    return len(r.verdict.failures), kld if math.isfinite(kld) else math.inf
+def _kld(r: RunResult) -> float:
+    """Gate 1's mean KLD of a run, inf when it has none (a figure of the alphas table; the choice
+    between runs is `ranking.best`)."""
+    kld = mean_kld(r.report)
+    return float(kld) if kld is not None and math.isfinite(kld) else math.inf
 
 
 def _failures(r: RunResult) -> list[str]:
@@ -92,14 +94,14 @@ def search(cfg: GateConfig, progress: Progress = SILENT, out_dir: str | None = N
     sweep = len(candidates) > 1
     runs = [(c, a, run_gate(c, progress, out_dir, a, sensitivity="never" if sweep else "always", fail_fast=fail_fast)) for c, a in candidates]
     alphas = [{"alpha": a, "name": c.name, "approved": r.verdict.approved, "failed_checks": len(r.verdict.failures),
-               "mean_kld": _score(r)[1]} for c, a, r in runs]
+               "mean_kld": _kld(r)} for c, a, r in runs]
     passing = [(c, a, r) for c, a, r in runs if r.verdict.approved]
     if passing:
-        c, a, r = min(passing, key=lambda t: _score(t[2]))
+        c, a, r = passing[best([t[2] for t in passing], "closest")]
         why = "the candidate passes every gate as configured; nothing to fall back" if not sweep else \
             f"SmoothQuant alpha {a:g} passes every gate (lowest mean KLD among the passing alphas); no fallback needed"
         return _finish(FallbackOutcome(True, r, r, why, alphas=alphas), budget, cfg_written=c if sweep else None)
-    start_cfg, alpha, start = min(runs, key=lambda t: _score(t[2]))
+    start_cfg, alpha, start = runs[best([t[2] for t in runs], "closest")]
     if sweep:  # only the chosen alpha pays for a ranking; its other stages are cached
         start = run_gate(start_cfg, progress, out_dir, alpha, sensitivity="always", fail_fast=fail_fast)
     return _part_search(start_cfg, alpha, start, progress, out_dir, budget, alphas, fail_fast)
