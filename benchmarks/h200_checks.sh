@@ -14,10 +14,8 @@ set -euo pipefail
 SITE=/tmp/site
 OUT="${OUT:-/tmp/out}"
 case "${1:-}" in
-setup)
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$SITE" .whl/*.whl
-  mkdir -p /tmp/g && cp .gguf1/part_aa /tmp/g/
-  echo "setup done: $(ls "$SITE" | wc -l) entries in $SITE"
+setup)  # the wheels into $SITE and the GGUF's first part into /tmp/g, as for realquant
+  exec bash "$(dirname "$0")/h200_realquant.sh" setup
   ;;
 keep)
   mkdir -p /tmp/g && cp .gguf2/part_* /tmp/g/ && ls -l /tmp/g
