@@ -54,15 +54,17 @@ def quiet_libraries() -> Iterator[None]:
     import os
     import warnings
 
-    defaults = {"TRANSFORMERS_VERBOSITY": "error", "HF_HUB_DISABLE_PROGRESS_BARS": "1",
-                "TQDM_DISABLE": "1"}  # transformers' GGUF loader draws its own tqdm bar
-    import torch
-
-    if not torch.cuda.is_available():  # DeepSpeed (pulled in by some installs) warns about this on import
-        defaults["DS_ACCELERATOR"] = "cpu"
+    # before torch is imported: it imports tqdm, which reads TQDM_* once, at its own import
+    # (transformers' GGUF loader draws a tqdm bar)
+    defaults = {"TRANSFORMERS_VERBOSITY": "error", "HF_HUB_DISABLE_PROGRESS_BARS": "1", "TQDM_DISABLE": "1"}
     added = [k for k in defaults if k not in os.environ]
     for k in added:
         os.environ[k] = defaults[k]
+    import torch
+
+    if not torch.cuda.is_available() and "DS_ACCELERATOR" not in os.environ:  # DeepSpeed (pulled in by some installs) warns on import
+        os.environ["DS_ACCELERATOR"] = "cpu"
+        added.append("DS_ACCELERATOR")
     loggers = [logging.getLogger(n) for n in ("transformers", "modelopt", "accelerate", "DeepSpeed", "torch.distributed")]
     loggers.append(logging.getLogger())
     levels = [lg.level for lg in loggers]

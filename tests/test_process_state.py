@@ -77,3 +77,17 @@ def test_the_umask_is_read_without_being_changed():
         assert os.umask(0o027) == 0o027  # still what the caller set
     finally:
         os.umask(old)
+
+
+def test_progress_bars_are_off_inside_a_command_started_in_a_fresh_process():
+    """TQDM_DISABLE is read once, when tqdm is imported (torch imports it): it must be set before."""
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TQDM_")}
+    code = ("from qval.cli import quiet_libraries\n"
+            "with quiet_libraries():\n"
+            "    import tqdm\n"
+            "    print(tqdm.tqdm(range(1)).disable)\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd=ROOT, timeout=120)
+    assert out.returncode == 0 and out.stdout.strip() == "True", (out.stdout, out.stderr[-500:])
