@@ -2,9 +2,9 @@
 (decoder layers or projection types) in high precision, one at a time, the way Intel Neural
 Compressor's accuracy-aware tuning falls back op by op.
 
-1. A SmoothQuant alpha list is tried first (free: no extra bits). The first alpha whose
-   candidate passes ends the search; otherwise the best one (fewest failed checks, then lowest
-   mean KLD) is the starting point.
+1. A SmoothQuant alpha list is tried first (free: no extra bits): every alpha is gated, and if
+   any passes, the best passing one (`ranking.best`, policy "closest": lowest mean KLD) ends the
+   search; otherwise the best one (fewest failed checks, then lowest mean KLD) is the starting point.
 2. The starting candidate's sensitivity ranking orders the fallback: decoder layers and
    projection types (one projection in every layer, e.g. all `mlp.down_proj`) in one list, by
    the KLD each removes; parts within one standard error of zero are left out. Step k adds the
