@@ -20,7 +20,6 @@ from typing import Any, Callable
 from .errors import QvalError, StorageError
 
 
-
 def _current_umask() -> int:
     """The process's umask, read without changing it where the OS says it (Linux's
     /proc/self/status): setting it to read it would leave a window in which another thread's

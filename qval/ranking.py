@@ -34,7 +34,8 @@ class Standing:
     mean_kld: float | None = None  # gate 1
 
 
-def _last(x: float | None) -> float:
+def or_inf(x: float | None) -> float:
+    """A figure, or inf where a run has none (it ranks last on that figure)."""
     return x if x is not None and math.isfinite(x) else math.inf
 
 
@@ -51,9 +52,9 @@ def rank_key(s: Standing, policy: str) -> tuple[Any, ...]:
     """
     head = (_STATUS[s.status], s.failures if s.status == "REJECT" else 0)
     if policy == "smallest":
-        return (*head, _last(s.size), _last(s.worst_drop), _last(s.mean_kld))
+        return (*head, or_inf(s.size), or_inf(s.worst_drop), or_inf(s.mean_kld))
     if policy == "closest":
-        return (*head, _last(s.mean_kld), _last(s.worst_drop))
+        return (*head, or_inf(s.mean_kld), or_inf(s.worst_drop))
     raise ValueError(f"unknown ranking policy {policy!r}; one of {', '.join(POLICIES)}")
 
 

@@ -18,7 +18,6 @@ Compressor's accuracy-aware tuning falls back op by op.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -29,7 +28,7 @@ from ..config import GateConfig
 from ..io import atomic_write_json, atomic_write_text
 from ..pipeline import RunResult, expand_alphas, run_gate
 from ..progress import SILENT, Progress
-from ..ranking import best, mean_kld
+from ..ranking import best, mean_kld, or_inf
 from ..report import write_reports
 from .sensitivity import ranking_key
 from .stage import effective_bits, kept_high
@@ -62,8 +61,7 @@ class FallbackOutcome:
 def _kld(r: RunResult) -> float:
     """Gate 1's mean KLD of a run, inf when it has none (a figure of the alphas table; the choice
     between runs is `ranking.best`)."""
-    kld = mean_kld(r.report)
-    return float(kld) if kld is not None and math.isfinite(kld) else math.inf
+    return float(or_inf(mean_kld(r.report)))
 
 
 def _failures(r: RunResult) -> list[str]:

@@ -118,10 +118,10 @@ def side_by_side(jobs: Sequence[Callable[[], T]], engines: Sequence[Any]) -> tup
             mine = jobs[1]()
         except BaseException:
             os.kill(pid, signal.SIGKILL)
-            reader.join()
+            reader.collect()
             os.waitpid(pid, 0)
             raise
-        blob = reader.join()
+        blob = reader.collect()
         _, status = os.waitpid(pid, 0)
     if not blob:
         raise PartnerFailed(f"the side-by-side decoding process died (wait status {status}) without an answer")
@@ -145,9 +145,10 @@ class _Reader(threading.Thread):
             while chunk := f.read(1 << 20):
                 self.chunks.append(chunk)
 
-    def join(self, timeout: float | None = None) -> bytes:  # type: ignore[override]
+    def collect(self) -> bytes:
+        """Everything the child wrote, once its end of the pipe is closed."""
         while self.is_alive():
-            super().join(0.2)  # short waits, so Ctrl-C reaches the main thread
+            self.join(0.2)  # short waits, so Ctrl-C reaches the main thread
         return b"".join(self.chunks)
 
 

@@ -20,18 +20,17 @@ class FormatSpec:
     """What a format is, in the units a deployment decision needs."""
 
     name: str
-    weight_bits: float  # effective bits per weight, scales included
+    #: stored bits per quantized weight, scales included: a figure, or a function of the settings
+    weight_bits: float | Callable[[QuantConfig], float]
     activation_bits: int | None  # None: activations stay in high precision
     needs_cuda: bool
     #: (QuantConfig, smoothquant alpha) -> ModelOpt config dict, before excludes and KV cache
     make: Callable[[QuantConfig, float | None], dict[str, Any]]
     calibrated_activations: bool = True
-    #: bits per weight as a function of the quant settings (None: `weight_bits` whatever the settings)
-    bits_of: Callable[[QuantConfig], float] | None = None
 
     def bits(self, q: QuantConfig) -> float:
         """Stored bits per quantized weight for these settings, scales included."""
-        return self.bits_of(q) if self.bits_of is not None else self.weight_bits
+        return self.weight_bits(q) if callable(self.weight_bits) else self.weight_bits
 
 
 FORMATS: Registry[FormatSpec] = Registry("quantization format")
@@ -80,13 +79,13 @@ def _int8_sq(q: QuantConfig, alpha: float | None) -> dict[str, Any]:
     return cfg
 
 
-@register_format(QuantFormat.int4_awq.value, weight_bits=4.125, bits_of=_awq_bits, activation_bits=None, needs_cuda=False)
+@register_format(QuantFormat.int4_awq.value, weight_bits=_awq_bits, activation_bits=None, needs_cuda=False)
 def _int4_awq(q: QuantConfig, alpha: float | None) -> dict[str, Any]:
     # 4-bit weights in blocks of `awq_block_size` with a 16-bit scale per block: 4 + 16/128 bits
     return _set_block_size(_preset("INT4_AWQ_CFG"), q.awq_block_size)
 
 
-@register_format(QuantFormat.w4a8_awq.value, weight_bits=4.125, bits_of=_awq_bits, activation_bits=8, needs_cuda=False)
+@register_format(QuantFormat.w4a8_awq.value, weight_bits=_awq_bits, activation_bits=8, needs_cuda=False)
 def _w4a8_awq(q: QuantConfig, alpha: float | None) -> dict[str, Any]:
     return _set_block_size(_preset("W4A8_AWQ_BETA_CFG"), q.awq_block_size)
 
