@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 from .config import GateConfig, QuantFormat, load_config
 from .errors import ConfigError, QvalError
+from .gate_metrics import SWEEP_FIGURES
 from .io import atomic_write_json, atomic_write_text, hash_json
 from .quantize.formats import effective_weight_bits
 from .ranking import rank_key, standing, worst_drop
@@ -32,9 +33,6 @@ if TYPE_CHECKING:
     from .models import LoadedModel
     from .pipeline import RunResult
     from .progress import Progress
-
-KEY_FIGURES = (("agreement", "top1"), ("agreement", "mean_kld"), ("agreement", "p99_kld"),
-               ("quality", "ppl_ratio"), ("longgen", "late_kld"), ("depth", "mean_kld"), ("retrieval", "drop"))
 
 
 @dataclass
@@ -119,7 +117,7 @@ class SweepEntry:
     def figures(self) -> dict[str, float | None]:
         out: dict[str, float | None] = {}
         gates = self.run.report["gates"] if self.run else {}
-        for g, m in KEY_FIGURES:
+        for g, m in SWEEP_FIGURES:  # the rows of gate_metrics marked `sweep`
             e = gates.get(g, {}).get("measurements", {}).get(m)
             out[f"{g}.{m}"] = e.get("value") if e else None
         # gate 4: the worst suite's paired drop (reference − candidate), the answers' summary figure

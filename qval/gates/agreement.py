@@ -20,6 +20,7 @@ import torch
 from ..config import GateConfig
 from ..data import chunk, dataset_identity, load_dataset, read_texts, token_stream
 from ..errors import DataError
+from ..gate_metrics import AGREEMENT
 from ..io import atomic_write
 from ..progress import SILENT
 from ..shortfall import shortfall
@@ -140,19 +141,13 @@ def histogram(kld: np.ndarray, bins: int = 40) -> dict[str, list[float]]:
 
 def thresholds(cfg: GateConfig, result: GateResult | None) -> list[Threshold]:
     g = cfg.gates.agreement
-    out = []
-    if g.min_top1 is not None:
-        out.append(Threshold("agreement", "top1", "min", g.min_top1, "top-1 agreement with the reference (teacher-forced)"))
-    if g.max_mean_kld is not None:
-        out.append(Threshold("agreement", "mean_kld", "max", g.max_mean_kld, "mean KLD(ref‖cand) per scored token, nats"))
-    if g.max_p99_kld is not None:
-        out.append(Threshold("agreement", "p99_kld", "max", g.max_p99_kld, "99th percentile of per-token KLD, nats"))
-    return out
+    return [Threshold("agreement", m.key, m.op, limit, m.label, on=m.on)
+            for m in AGREEMENT.metrics if (limit := getattr(g, m.field)) is not None]
 
 
 def inputs(cfg: GateConfig) -> dict[str, Any]:
     g = cfg.gates.agreement
-    return {"gate": g.model_dump(mode="json", exclude={"min_top1", "max_mean_kld", "max_p99_kld", "enabled"}),
+    return {"gate": g.model_dump(mode="json", exclude=AGREEMENT.cache_exclude()),
             "data": dataset_identity(g.dataset, cfg.resolve(g.dataset))}
 
 

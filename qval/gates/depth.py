@@ -21,6 +21,7 @@ import torch
 from ..config import GateConfig
 from ..data import chunk, dataset_identity, load_dataset, read_texts
 from ..errors import DataError
+from ..gate_metrics import DEPTH
 from ..io import atomic_write
 from ..metrics import delta_p_summary, kld_summary, mean_estimate, proportion, quantiles
 from ..metrics.estimate import Estimate
@@ -206,18 +207,14 @@ def thresholds(cfg: GateConfig, result: GateResult | None) -> list[Threshold]:
     said = where_it_diverges(cfg, result)
     for lo, hi in bucket_spans(g.edges, g.ctx - 1):
         label, where = bucket_label(lo, hi), f"at context depths {lo}–{hi}" + (f" ({said})" if said else "")
-        if g.min_top1 is not None:
-            out.append(Threshold("depth", f"top1@{label}", "min", g.min_top1, f"top-1 agreement {where} (teacher-forced)"))
-        if g.max_mean_kld is not None:
-            out.append(Threshold("depth", f"mean_kld@{label}", "max", g.max_mean_kld, f"mean KLD(ref‖cand) {where}, nats"))
-        if g.max_p99_kld is not None:
-            out.append(Threshold("depth", f"p99_kld@{label}", "max", g.max_p99_kld, f"99th percentile of per-token KLD {where}, nats"))
+        out += [Threshold("depth", f"{m.key}@{label}", m.op, limit, m.describe(where=where), on=m.on)
+                for m in DEPTH.metrics if (limit := getattr(g, m.field)) is not None]
     return out
 
 
 def inputs(cfg: GateConfig) -> dict[str, Any]:
     g = cfg.gates.depth
-    return {"gate": g.model_dump(mode="json", exclude={"min_top1", "max_mean_kld", "max_p99_kld", "enabled"}),
+    return {"gate": g.model_dump(mode="json", exclude=DEPTH.cache_exclude()),
             "data": dataset_identity(g.dataset, cfg.resolve(g.dataset))}
 
 

@@ -18,7 +18,6 @@ does not show. The per-window series go to report.json for plotting.
 
 from __future__ import annotations
 
-import math
 import time
 from typing import Any
 
@@ -28,6 +27,7 @@ import torch
 from ..config import GateConfig, Sized
 from ..data import dataset_identity, load_dataset
 from ..errors import DataError
+from ..gate_metrics import LONGGEN, Metric
 from ..shortfall import shortfall
 from ..metrics import detect_loop, distinct_n, mean_estimate, seq_rep_n, sized_threshold, windows
 from ..metrics.estimate import Estimate
@@ -276,79 +276,53 @@ def window_series(tfs: list[dict[str, np.ndarray]], judges: list[np.ndarray], re
 
 # --- thresholds ------------------------------------------------------------------------------
 
-_WHAT = {
-    "late_top1": "top-1 agreement on the reference's continuation, last `edge` positions",
-    "late_kld": "mean KLD(ref‖cand) on the reference's continuation, last `edge` positions, nats",
-    "late_drift": "late mean KLD − early mean KLD, nats (error that accumulates with context)",
-    "seq_rep4_excess": "candidate late seq-rep-4 − reference late seq-rep-4 (mean over prompts)",
-    "judge_nll_excess": "reference NLL of the candidate's late text − of its own late text, nats/token",
-    "loops_excess": "prompts whose continuation ends in a loop: candidate − reference",
-    "premature_eos_excess": "prompts stopped by EOS before new_tokens: candidate − reference",
-}
 
-
-def _sized(metric: str, limit: Sized, z: dict[str, Any]) -> Threshold:
-    """Sized limits of the health excesses, n = prompts, from the REFERENCE's own spread only
-    (its late seq-rep-4 and NLL per prompt, its loop / EOS rate): nothing the candidate does can
-    widen them. The drift-type figures (late top-1, late KLD, drift) are absolute (config.py)."""
-    n_pr = z["prompts"]
-    if metric == "seq_rep4_excess":
-        sigma = z["ref_late_seq_rep4_sigma"]
-    elif metric == "judge_nll_excess":
-        sigma = z["ref_late_nll_sigma"]
-    else:  # counts of prompts: σ of the reference's 0/1 outcome, scaled from a rate to a count
-        rate = z["ref_loop_rate"] if metric == "loops_excess" else z["ref_eos_rate"]
-        sigma = math.sqrt(max(rate * (1 - rate), 0.0))
-    ref, n = 0.0, n_pr
-    if n < 2 and metric in ("loops_excess", "premature_eos_excess"):
+def _sized(m: Metric, limit: Sized, z: dict[str, Any]) -> Threshold:
+    """Sized limits of the health excesses, n = prompts, from the REFERENCE's own spread only, by
+    the row's sizing rule (its late seq-rep-4 and NLL per prompt, its loop / EOS rate): nothing the
+    candidate does can widen them. The drift-type figures (late top-1, late KLD, drift) are absolute."""
+    rule = m.sizing
+    assert rule is not None, f"the row of {m.field} allows a sized limit but names no sizing rule"
+    sigma = rule.sigma(z)
+    ref, n = 0.0, z["prompts"]
+    if n < 2 and rule.scale_by_n:
         # one prompt gives no rate to size against: the count falls back to the strict limit
         # (no more than the reference), which is what sizing gives when the reference never does it
-        return Threshold("longgen", metric, "max", 0.0, f"{_WHAT[metric]} (one prompt: cannot be sized, strict limit 0)",
+        return Threshold("longgen", m.key, m.op, 0.0, f"{m.label} (one prompt: cannot be sized, strict limit 0)",
                          "sized", None, {"sigma": None, "n": n, "alpha": limit.alpha, "beta": limit.beta, "relative_to": 0.0})
     try:
         s = sized_threshold(ref, sigma, n, alpha=limit.alpha, beta=limit.beta, higher_is_better=False)
     except ValueError as err:
-        return Threshold("longgen", metric, "max", float("nan"), f"{_WHAT[metric]} (cannot be sized: {err})", "sized")
-    scale = n if metric in ("loops_excess", "premature_eos_excess") else 1
+        return Threshold("longgen", m.key, m.op, float("nan"), f"{m.label} (cannot be sized: {err})", "sized")
+    scale = n if rule.scale_by_n else 1
     effect = s.min_detectable_effect * scale
-    return Threshold("longgen", metric, "max", ref + (s.threshold - ref) * scale, _WHAT[metric], "sized",
+    return Threshold("longgen", m.key, m.op, ref + (s.threshold - ref) * scale, m.label, "sized",
                      effect, {"sigma": sigma, "n": n, "alpha": limit.alpha, "beta": limit.beta, "relative_to": ref,
                               "sized_from": "the reference's own spread"},
                      detectable=ref + effect)
 
 
-#: figures compared with the reference (or the candidate's own early part): absolute limits met by
-#: the 95% interval's bound, so a noisier candidate is held to the limit more strictly, never less
-_BOUND = {"late_top1": "lo", "late_kld": "hi", "late_drift": "hi"}
-
-
 def thresholds(cfg: GateConfig, result: GateResult | None) -> list[Threshold]:
     g = cfg.gates.longgen
-    limits: list[tuple[str, Any]] = [("late_top1", g.min_late_top1), ("late_kld", g.max_late_kld), ("late_drift", g.max_late_drift),
-                                     ("seq_rep4_excess", g.max_seq_rep4_excess), ("judge_nll_excess", g.max_judge_nll_excess),
-                                     ("loops_excess", g.max_loops_excess)]
-    if not g.suppress_eos:
-        limits.append(("premature_eos_excess", g.max_premature_eos_excess))
     usable = result is not None and result.status == "ok"
     out = []
-    for metric, limit in limits:
-        if limit is None:
+    for m in LONGGEN.metrics:
+        limit = getattr(g, m.field)
+        if limit is None or (m.applies is not None and not m.applies(g)):
             continue
         if isinstance(limit, Sized):
             if usable:
-                out.append(_sized(metric, limit, result.details["sizing"]))  # type: ignore[union-attr]
+                out.append(_sized(m, limit, result.details["sizing"]))  # type: ignore[union-attr]
             else:
-                out.append(Threshold("longgen", metric, "min" if metric == "late_top1" else "max", float("nan"), _WHAT[metric], "sized"))
+                out.append(Threshold("longgen", m.key, m.op, float("nan"), m.label, "sized"))
         else:
-            out.append(Threshold("longgen", metric, "min" if metric == "late_top1" else "max", float(limit), _WHAT[metric],
-                                 on=_BOUND.get(metric, "value")))  # type: ignore[arg-type]
+            out.append(Threshold("longgen", m.key, m.op, float(limit), m.label, on=m.on))
     return out
 
 
 def inputs(cfg: GateConfig) -> dict[str, Any]:
     g = cfg.gates.longgen
-    limits = {k for k in type(g).model_fields if k.startswith(("min_", "max_")) and k != "max_prompts"} | {"enabled"}
-    return {"gate": g.model_dump(mode="json", exclude=limits), "data": dataset_identity(g.prompts, cfg.resolve(g.prompts))}
+    return {"gate": g.model_dump(mode="json", exclude=LONGGEN.cache_exclude()), "data": dataset_identity(g.prompts, cfg.resolve(g.prompts))}
 
 
 SPEC = GateSpec("longgen", run, thresholds, inputs, lambda c: c.gates.longgen.enabled, check=check)

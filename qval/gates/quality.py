@@ -26,6 +26,7 @@ import numpy as np
 from ..config import GateConfig, Sized
 from ..data import dataset_identity, load_dataset, token_stream
 from ..errors import DataError
+from ..gate_metrics import QUALITY, Metric
 from ..metrics import mean_estimate, perplexity, sized_threshold
 from ..metrics.estimate import Estimate
 from ..metrics.perplexity import ppl_ratio
@@ -239,6 +240,10 @@ def run(ctx: GateContext) -> GateResult:
     return GateResult("quality", "ok", measurements, details, seconds=time.perf_counter() - t0)
 
 
+_PPL = QUALITY.by_field("max_ppl_ratio")
+_DROPS = (QUALITY.by_field("max_bleu_drop"), QUALITY.by_field("max_chrf_drop"))  # per language
+
+
 def _sized_ppl(limit: Sized, result: GateResult) -> Threshold:
     """Paired sizing on the log scale. log(ratio) = mean(d), d = nll_c − nll_r per position; its
     noise is σ_d/√n. DESIGN's sqrt(2σ²/n) is the noise of a difference of two independent means;
@@ -248,21 +253,22 @@ def _sized_ppl(limit: Sized, result: GateResult) -> Threshold:
     p = result.details["ppl"]
     sigma_d, n = p["sigma_nll_diff"], p["positions"]
     s = sized_threshold(0.0, sigma_d / math.sqrt(2.0), n, alpha=limit.alpha, beta=limit.beta, higher_is_better=False)
-    return Threshold("quality", "ppl_ratio", "max", math.exp(s.threshold), "PPL_cand / PPL_ref over the scored positions",
+    return Threshold("quality", _PPL.key, _PPL.op, math.exp(s.threshold), _PPL.label,
                      "sized", math.exp(s.min_detectable_effect) - 1.0,
                      {"sigma_nll_diff": sigma_d, "n": n, "alpha": limit.alpha, "beta": limit.beta,
                       "effect_unit": "relative PPL increase (ratio − 1)", "test": "paired, one-sided, on log PPL"},
                      detectable=math.exp(s.min_detectable_effect))
 
 
-def _sized_drop(metric: str, lang_key: str, limit: Sized, result: GateResult, what: str) -> Threshold:
+def _sized_drop(m: Metric, lang_key: str, limit: Sized, result: GateResult, what: str) -> Threshold:
     """TRT-LLM sizing of a BLEU/chrF drop: σ = per-sentence score std of the reference's
     generations, n = sentences; threshold = |Φ⁻¹(α)|·sqrt(2σ²/n) points of drop."""
+    score = m.key.removesuffix("_drop")  # "bleu", "chrf": the group's figures are named after it
     grp = result.details["bleu"]["groups"][lang_key]
-    sigma, n = grp[f"{metric}_sentence_sigma"], grp["sentences"]
+    sigma, n = grp[f"{score}_sentence_sigma"], grp["sentences"]
     s = sized_threshold(0.0, sigma, n, alpha=limit.alpha, beta=limit.beta, higher_is_better=False)
-    return Threshold("quality", f"{metric}_drop_{lang_key}", "max", s.threshold, what, "sized", s.min_detectable_effect,
-                     {"sigma": sigma, "n": n, "alpha": limit.alpha, "beta": limit.beta, "effect_unit": f"{metric} points"},
+    return Threshold("quality", f"{m.key}_{lang_key}", m.op, s.threshold, what, "sized", s.min_detectable_effect,
+                     {"sigma": sigma, "n": n, "alpha": limit.alpha, "beta": limit.beta, "effect_unit": f"{score} points"},
                      detectable=s.min_detectable_effect)
 
 
@@ -274,28 +280,27 @@ def thresholds(cfg: GateConfig, result: GateResult | None) -> list[Threshold]:
         out.append(_sized_ppl(g.max_ppl_ratio, result))  # type: ignore[arg-type]
     elif g.max_ppl_ratio is not None:
         limit = g.max_ppl_ratio if isinstance(g.max_ppl_ratio, float) else float("nan")
-        out.append(Threshold("quality", "ppl_ratio", "max", limit, "PPL_cand / PPL_ref over the scored positions"))
-    for metric, limit in (("bleu", g.max_bleu_drop), ("chrf", g.max_chrf_drop)):
+        out.append(Threshold("quality", _PPL.key, _PPL.op, limit, _PPL.label))
+    for m in _DROPS:
+        limit = getattr(g, m.field)
         if limit is None:
             continue
-        name = "BLEU" if metric == "bleu" else "chrF"
         langs = sorted(result.details["bleu"]["groups"]) if usable else []  # type: ignore[union-attr]
         if not langs:  # the gate did not produce groups: one check that fails and says why
-            out.append(Threshold("quality", f"{metric}_drop", "max", limit if isinstance(limit, float) else float("nan"),
-                                 f"reference {name} − candidate {name}"))
+            out.append(Threshold("quality", m.key, m.op, limit if isinstance(limit, float) else float("nan"),
+                                 m.describe(per="")))
         for lang in langs:
-            what = f"reference {name} − candidate {name} on the {lang} prompts, points"
+            what = m.describe(per=f" on the {lang} prompts, points")
             if isinstance(limit, Sized):
-                out.append(_sized_drop(metric, lang, limit, result, what))  # type: ignore[arg-type]
+                out.append(_sized_drop(m, lang, limit, result, what))  # type: ignore[arg-type]
             else:
-                out.append(Threshold("quality", f"{metric}_drop_{lang}", "max", float(limit), what))
+                out.append(Threshold("quality", f"{m.key}_{lang}", m.op, float(limit), what))
     return out
 
 
 def inputs(cfg: GateConfig) -> dict[str, Any]:
     g = cfg.gates.quality
-    limits = {"max_ppl_ratio", "max_bleu_drop", "max_chrf_drop", "enabled"}
-    out: dict[str, Any] = {"gate": g.model_dump(mode="json", exclude=limits),
+    out: dict[str, Any] = {"gate": g.model_dump(mode="json", exclude=QUALITY.cache_exclude()),
                            "bleu_data": dataset_identity(g.bleu_dataset, cfg.resolve(g.bleu_dataset))}
     if g.windowing == "sliding":
         a = cfg.gates.agreement

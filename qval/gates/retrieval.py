@@ -26,6 +26,7 @@ from ..metrics import mean_estimate
 from ..metrics.estimate import Estimate
 from ..metrics.paired import PairedCounts, noninferiority, paired_counts, wilson_interval
 from ..errors import DataError
+from ..gate_metrics import RETRIEVAL
 from ..metrics.tokens import token_stats
 from ..progress import SILENT
 from ..verdict import GateResult, Threshold
@@ -176,28 +177,27 @@ def _detectable(result: GateResult | None, key: str, length: int | None) -> floa
 def thresholds(cfg: GateConfig, result: GateResult | None) -> list[Threshold]:
     g = cfg.gates.retrieval
     out = []
-    targets: list[tuple[str, int | None, float | None]] = [(f"drop@{L}", L, g.margin) for L in g.lengths]
-    targets.append(("drop", None, g.margin_overall))
+    per, pooled, kld = (RETRIEVAL.by_field(f) for f in ("margin", "margin_overall", "max_answer_kld"))
+    targets: list[tuple[str, int | None, float | None]] = [(f"{per.key}@{L}", L, g.margin) for L in g.lengths]
+    targets.append((pooled.key, None, g.margin_overall))
     for metric, length, margin in targets:
         if margin is None:
             continue
+        m = per if length else pooled
         ok, why = _informative(cfg, result, length)
         det = _detectable(result, metric, length)
         where = f"at {length} tokens of context" if length else "over the whole matrix"
-        out.append(Threshold("retrieval", metric, "max", margin,
-                             f"retrieval accuracy drop (reference − candidate) {where}; its one-sided {1 - g.alpha:.0%} "
-                             "upper bound must stay within the margin (non-inferiority)", "absolute", det, on="hi",
-                             informative=ok, why_uninformative=why, detectable=det))
+        out.append(Threshold("retrieval", metric, m.op, margin, m.describe(where=where, level=f"{1 - g.alpha:.0%}"),
+                             "absolute", det, on=m.on, informative=ok, why_uninformative=why, detectable=det))
     if g.max_answer_kld is not None:
-        out.append(Threshold("retrieval", "answer_kld", "max", g.max_answer_kld,
-                             "mean KLD(ref‖cand) on the pass-code tokens (teacher-forced on the true code), nats", on="hi"))
+        out.append(Threshold("retrieval", kld.key, kld.op, g.max_answer_kld, kld.label, on=kld.on))
     return out
 
 
 def inputs(cfg: GateConfig) -> dict[str, Any]:
     g = cfg.gates.retrieval
-    limits = {"margin", "margin_overall", "max_answer_kld", "min_reference_accuracy", "enabled"}
-    return {"gate": g.model_dump(mode="json", exclude=limits), "data": dataset_identity(g.haystack, cfg.resolve(g.haystack))}
+    return {"gate": g.model_dump(mode="json", exclude=RETRIEVAL.cache_exclude()),
+            "data": dataset_identity(g.haystack, cfg.resolve(g.haystack))}
 
 
 def check(cfg: GateConfig, tokenizer: Any) -> str | None:

@@ -32,6 +32,7 @@ from ..config import GateConfig, TaskSuite
 from ..data import dataset_identity
 from ..engines.concurrent import side_by_side
 from ..errors import ConfigError, DataError
+from ..gate_metrics import TASKS
 from ..io import atomic_write_text, file_fingerprint, tree_fingerprint
 from ..metrics.estimate import Estimate, normal_ppf
 from ..metrics.paired import (PairedCounts, informative, loglik_noninferiority, mean_noninferiority, noninferiority,
@@ -348,26 +349,24 @@ def _score_informative(suite: TaskSuite, s: dict[str, Any]) -> tuple[bool, str |
 
 def thresholds(cfg: GateConfig, result: GateResult | None) -> list[Threshold]:
     out = []
+    drop, flips = TASKS.by_field("margin"), TASKS.by_field("max_flip_rate")
     for suite in cfg.gates.tasks.suites:
         s = _suite_result(result, suite.label)
         ok, why = _informative(suite, s)
         det = s["drop"].get("detectable_drop") if s else None
         what = ("accuracy drop (reference − candidate)" if s is None or s.get("kind", "binary") == "binary"
                 else f"drop in {s['drop'].get('unit', 'score')}")
-        out.append(Threshold("tasks", f"drop@{suite.label}", "max", suite.margin,
-                             f"{what} on suite {suite.label}; its one-sided "
-                             f"{1 - suite.alpha:.0%} upper bound must stay within the margin (non-inferiority)", "absolute",
-                             det, on="hi", informative=ok, why_uninformative=why, detectable=det))
+        out.append(Threshold("tasks", f"{drop.key}@{suite.label}", drop.op, suite.margin,
+                             drop.describe(what=what, suite=suite.label, level=f"{1 - suite.alpha:.0%}"), "absolute",
+                             det, on=drop.on, informative=ok, why_uninformative=why, detectable=det))
         if suite.max_flip_rate is not None:
-            out.append(Threshold("tasks", f"flip_rate@{suite.label}", "max", suite.max_flip_rate,
-                                 f"share of items of suite {suite.label} the two models mark differently; its exact 95% "
-                                 "upper bound must stay within the limit", on="hi", informative=ok, why_uninformative=why))
+            out.append(Threshold("tasks", f"{flips.key}@{suite.label}", flips.op, suite.max_flip_rate,
+                                 flips.describe(suite=suite.label), on=flips.on, informative=ok, why_uninformative=why))
     return out
 
 
 def inputs(cfg: GateConfig) -> dict[str, Any]:
     g = cfg.gates.tasks
-    limits = {"enabled": True, "suites": {"__all__": {"margin", "max_flip_rate", "chance"}}}
     data = {}
     for s in g.suites:
         if s.golden:
@@ -377,7 +376,7 @@ def inputs(cfg: GateConfig) -> dict[str, Any]:
             data[s.label] = dataset_identity(s.dataset, cfg.resolve(s.dataset))
         elif s.lm_eval is not None:
             data[s.label] = lmeval_identity(cfg, s)
-    return {"gate": g.model_dump(mode="json", exclude=limits), "data": data}
+    return {"gate": g.model_dump(mode="json", exclude=TASKS.cache_exclude()), "data": data}
 
 
 def lmeval_identity(cfg: GateConfig, suite: TaskSuite) -> dict[str, Any]:

@@ -14,6 +14,7 @@ import pytest
 
 from qval.config import Sized, parse_config
 from qval.errors import ConfigError
+from qval.gate_metrics import LONGGEN
 from qval.gates import GateContext
 from qval.gates.longgen import _sized, edges, health, run, thresholds
 from qval.metrics.text import seq_rep_n
@@ -21,6 +22,8 @@ from qval.metrics.estimate import Estimate
 from qval.verdict import GateResult, decide
 
 from .fakes import EOS, HIGH, KLD_MISMATCH, LOW, FakeEngine, FakeTokenizer, collapse_after, walk
+
+ROW = {m.key: m for m in LONGGEN.metrics}
 
 PROMPTS = ["abcdefgh", "ijklmnop", "qrstuvwx"]  # 8 tokens each with FakeTokenizer
 P = 8
@@ -132,22 +135,22 @@ def test_sized_thresholds_worked_numbers() -> None:
     z = {"prompts": 8, "ref_late_seq_rep4_sigma": 0.2, "ref_late_nll_sigma": 0.5, "ref_loop_rate": 0.25, "ref_eos_rate": 0.0}
     s = Sized()
     # judge NLL excess: the reference's own σ 0.5, n = 8: sqrt(2·0.25/8) = 0.25; 1.6448536·0.25 = 0.4112134
-    t = _sized("judge_nll_excess", s, z)
+    t = _sized(ROW["judge_nll_excess"], s, z)
     assert t.limit == pytest.approx(0.4112134, abs=1e-7) and t.detail["sized_from"] == "the reference's own spread"
     # seq-rep-4 excess: sqrt(2·0.04/8) = 0.1; threshold 0.16448536
-    assert _sized("seq_rep4_excess", s, z).limit == pytest.approx(0.16448536, abs=1e-7)
+    assert _sized(ROW["seq_rep4_excess"], s, z).limit == pytest.approx(0.16448536, abs=1e-7)
     # loops: σ = sqrt(0.25·0.75) = 0.4330127; sqrt(2·0.1875/8) = 0.21650635 (a rate); × 8 prompts:
     # threshold 8·1.6448536·0.21650635 = 2.84897, θ = 8·2.4864748·0.21650635 = 4.30670
-    t = _sized("loops_excess", s, z)
+    t = _sized(ROW["loops_excess"], s, z)
     assert t.limit == pytest.approx(2.84897, abs=1e-4) and t.min_detectable_effect == pytest.approx(4.30670, abs=1e-4)
     assert t.detectable == pytest.approx(4.30670, abs=1e-4)
     # a reference that never stops early leaves no room: the premature-EOS limit is exactly 0
-    assert _sized("premature_eos_excess", s, z).limit == 0.0
+    assert _sized(ROW["premature_eos_excess"], s, z).limit == 0.0
     # a single prompt cannot be sized: the check fails and says why
-    bad = _sized("seq_rep4_excess", s, {**z, "prompts": 1})
+    bad = _sized(ROW["seq_rep4_excess"], s, {**z, "prompts": 1})
     assert math.isnan(bad.limit) and "cannot be sized" in bad.description
     # ... except a count, which falls back to the strict limit: no more loops than the reference
-    one = _sized("loops_excess", s, {**z, "prompts": 1})
+    one = _sized(ROW["loops_excess"], s, {**z, "prompts": 1})
     assert one.limit == 0.0 and "strict limit 0" in one.description
 
 

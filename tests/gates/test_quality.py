@@ -13,6 +13,7 @@ from sacrebleu.metrics import BLEU, CHRF
 
 from qval.config import Sized, parse_config
 from qval.errors import ConfigError, DataError
+from qval.gate_metrics import QUALITY
 from qval.gates import GateContext
 from qval.gates.quality import (
     _sized_drop,
@@ -146,11 +147,11 @@ def test_sized_bleu_drop_worked_numbers() -> None:
     # σ = 20 BLEU, n = 24 sentences: sqrt(2·400/24) = 5.7735027
     # threshold = 1.6448536 · 5.7735027 = 9.4966; θ = 2.4864748 · 5.7735027 = 14.3557
     res = _result({"bleu": {"groups": {"en": {"bleu_sentence_sigma": 20.0, "sentences": 24}}}})
-    t = _sized_drop("bleu", "en", Sized(), res, "drop")
+    t = _sized_drop(QUALITY.by_field("max_bleu_drop"), "en", Sized(), res, "drop")
     assert t.limit == pytest.approx(9.4966, abs=1e-4)
     assert t.min_detectable_effect == pytest.approx(14.3557, abs=1e-4)
     assert t.detectable == pytest.approx(14.3557, abs=1e-4)
-    looser = _sized_drop("bleu", "en", Sized(alpha=0.01), res, "drop")
+    looser = _sized_drop(QUALITY.by_field("max_bleu_drop"), "en", Sized(alpha=0.01), res, "drop")
     assert looser.limit > t.limit  # a smaller false-reject rate widens the threshold
 
 
