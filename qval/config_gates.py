@@ -1,9 +1,11 @@
 """The gate sections of the config: one pydantic model per gate, and `GatesConfig` holding them.
 
-Each section's threshold fields are the rows of its gate's table in `qval.gate_metrics`: the
-bounds a limit must lie in, whether it may be sized, and the "enabled but sets no threshold"
-check are read from there. `Strict`, the base of every config section, lives here so that
-`qval.config` (which re-exports every name) and this module share it without an import cycle.
+Each section's threshold fields are the rows of its gate's table in `qval.gate_metrics`. Gates 2
+and 3 validate each limit by its row (`_limit`: bounds, whole numbers, whether it may be sized);
+the others declare the same bounds as pydantic constraints, held to the rows by
+tests/test_gate_metrics.py. The "enabled but sets no threshold" check names the table's fields.
+`Strict`, the base of every config section, lives here so that `qval.config` (which re-exports
+every name) and this module share it without an import cycle.
 """
 
 from __future__ import annotations

@@ -64,13 +64,15 @@ class Metric:
     field: str  # the config field that sets the limit
     op: Literal["min", "max"]
     label: str  # Threshold.description; a {name} in it is filled by the gate (a depth, a language, a suite)
-    kinds: tuple[str, ...] = ABSOLUTE
-    lo: float = 0.0  # a limit must lie in [lo, hi] (config validation)
+    kinds: tuple[str, ...] = ABSOLUTE  # or EITHER
+    lo: float = 0.0  # a limit must lie in [lo, hi] (`config_gates._limit`, or the field's pydantic bounds)
     hi: float | None = None
     integer: bool = False  # the limit counts prompts
     on: Literal["value", "lo", "hi"] = "value"  # the end of the figure's interval an absolute limit is met by
     sweep: bool = False  # a column of `qval sweep`'s table (the whole-run figure `key`)
-    sizing: Spread | Rate | None = None  # how a sized limit is sized, where the table says (longgen)
+    #: how a sized limit is sized (gate 3); None where the gate sizes it itself (gate 2: paired log PPL,
+    #: BLEU/chrF per language) or takes absolute limits only
+    sizing: Spread | Rate | None = None
     #: the row sets a check only when this holds of the gate's config section
     applies: Callable[[Any], bool] | None = None
 
