@@ -16,10 +16,10 @@ from typing import Any
 
 from . import charts
 from . import formatting
+from .diagnostics_html import diagnostics_section, fallback_section
 from .formatting import (CHECK_COLUMNS, DROP_COLUMNS, FLIP_COLUMNS, LMEVAL_COLUMNS, LMEVAL_NOTE, calibration_text, candidate_text,
                          check_rows, failed_text, interval, lmeval_rows, reference_text, right, runtime_text, split_suites,
                          stage_rows, versions_text)
-from .diagnostics_html import diagnostics_section, fallback_section
 from .html_parts import badge, figure, num, table
 from .numbers import fmt
 

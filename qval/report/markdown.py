@@ -5,9 +5,9 @@ from __future__ import annotations
 from typing import Any
 
 from .diagnostics_md import diagnostics_markdown
-from .formatting import (CHECK_COLUMNS, DROP_COLUMNS, FLIP_COLUMNS, LMEVAL_COLUMNS, LMEVAL_NOTE, TITLES, calibration_text,
-                         candidate_text, check_rows, estimate, failed_text, interval, bracket, lmeval_rows, numerics_line,
-                         reference_text, right, runtime_text, split_suites, stage_rows, versions_text)
+from .formatting import (CHECK_COLUMNS, DROP_COLUMNS, FLIP_COLUMNS, LMEVAL_COLUMNS, LMEVAL_NOTE, TITLES, bracket,
+                         calibration_text, candidate_text, check_rows, estimate, failed_text, interval, lmeval_rows,
+                         numerics_line, reference_text, right, runtime_text, split_suites, stage_rows, versions_text)
 from .numbers import fmt
 
 
