@@ -308,6 +308,8 @@ def sweep(configs: list[Path] = typer.Argument(..., help="gate configs (e.g. che
 
 
 def print_summary(r) -> None:  # noqa: ANN001
+    from .report.schema import shortfalls
+
     v = r.verdict
     blind = f", {len(v.uninformative)} uninformative" if v.uninformative else ""
     print(f"\n{r.config.name}: {'APPROVE' if v.approved else 'REJECT'}  ({len(v.failures)} of {len(v.checks)} checks failed{blind})")
@@ -316,17 +318,6 @@ def print_summary(r) -> None:  # noqa: ANN001
     for c in v.checks:
         print(f"  [{ {'pass': 'pass', 'uninformative': 'uninformative'}.get(c.outcome, 'FAIL') }] {c.gate}/{c.metric}: {c.reason}")
     print(f"  report: {r.run_dir / 'report.md'}")
-
-
-def shortfalls(report: dict) -> list[str]:
-    """Every budget the run scored less of than configured (calibration, each gate), as the
-    stages recorded it: the verdict rests on less data than the config asked for."""
-    calib = ((report.get("calibration") or {}).get("calibration") or {}).get("shortfall")
-    notes = [f"calibration: {calib}"] if calib else []
-    for name, g in (report.get("gates") or {}).items():
-        if (note := (g.get("details") or {}).get("shortfall")):
-            notes.append(f"gate {name}: {note}")
-    return notes
 
 
 def main() -> None:

@@ -11,7 +11,6 @@ from __future__ import annotations
 import copy
 import time
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
@@ -28,12 +27,11 @@ from .engines.builders import ENGINES, engine_identity
 from .engines.hf import HFEngine
 from .engines.registry import needs_calibration
 from .gates import GATES, GateContext
-from .io import atomic_write_json, hash_json, read_json
+from .io import atomic_write_json, read_json
 from .models import LoadedModel, environment, load_model
 from .progress import SILENT, Progress
-from .quantize.formats import FORMATS
 from .quantize import modelopt_adapter  # its functions looked up at call time (tests replace save_state)
-from .report import write_reports
+from .report import schema, write_reports
 from .stages import RunDir, Stage
 from .verdict import GateResult, Verdict, decide
 
@@ -204,8 +202,10 @@ def run_gate(cfg: GateConfig, progress: Progress = SILENT, out_dir: str | None =
     verdict = decide(results, thresholds_for(cfg, results))
     mode = sensitivity or cfg.diagnostics.sensitivity
     diagnostics = run_diagnostics(s, calib, mode == "always" or (mode == "auto" and not verdict.approved))
-    report = assemble_report(s, calib, results, verdict, time.perf_counter() - t0)
-    report["diagnostics"] = diagnostics
+    report = schema.build_report(cfg, verdict, results, reference=reference_description(s),
+                                 engine=s._candidate.describe() if s._candidate is not None else None,
+                                 calibration=calib.meta() if calib else None, stages=s.run.log, environment=s.env,
+                                 numerics=determinism.describe(), diagnostics=diagnostics, seconds=time.perf_counter() - t0)
     write_reports(s.run.path, report)
     return RunResult(config=cfg, verdict=verdict, run_dir=s.run.path, report=report)
 
@@ -224,58 +224,16 @@ def expand_alphas(cfg: GateConfig) -> list[tuple[GateConfig, float | None]]:
     return out
 
 
-def data_identities(cfg: GateConfig) -> dict[str, Any]:
-    """Every data set the run read, with its content hash."""
-    out: dict[str, Any] = {}
-    if cfg.quant.format is not QuantFormat.none:
-        out["calibration"] = dataset_identity(cfg.calibration.dataset, cfg.resolve(cfg.calibration.dataset))
-    for spec in GATES.ordered():
-        if spec.enabled(cfg):
-            out[spec.name] = spec.inputs(cfg).get("data")
-    return out
-
-
 def reference_description(s: Session) -> dict[str, Any]:
     """The reference as the report names it. A run whose every stage was reused never loads the
-    model; it then repeats the description saved by the run that did (same fingerprint), marked
-    "loaded": False, rather than print a report with the model's name and dtype unknown."""
+    model; it then repeats the description saved by the run that did (see schema.unloaded_reference)."""
     path = s.run.path / "reference.json"
     if s._reference is not None:
         d = s._reference.describe()
         atomic_write_json(path, d)
         return d
-    fingerprint = s.reference_identity()["fingerprint"]
     try:
         saved = read_json(path) if path.is_file() else None
     except (OSError, ValueError):
         saved = None
-    if isinstance(saved, dict) and saved.get("fingerprint") == fingerprint:
-        return {**saved, "loaded": False}
-    return {"fingerprint": fingerprint, "loaded": False}
-
-
-def assemble_report(s: Session, calib: Stage | None, results: dict[str, GateResult], verdict: Verdict, seconds: float) -> dict[str, Any]:
-    cfg = s.config
-    fmt = FORMATS.get(cfg.quant.format.value)
-    model = reference_description(s)
-    engine = s._candidate.describe() if s._candidate is not None else {"backend": cfg.engine.backend, "built": False}
-    return {
-        "schema": "qval.report",
-        "schema_version": 1,
-        "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        "name": cfg.name,
-        "description": cfg.description,
-        "verdict": verdict.to_dict(),
-        "config": cfg.model_dump(mode="json"),
-        "config_hash": hash_json(cfg.model_dump(mode="json")),
-        "config_file": cfg.source_file,
-        "model": model,
-        "candidate": {"format": cfg.quant.format.value, "kv_cache": cfg.quant.kv_cache.value, "exclude": cfg.quant.exclude,
-                      "weight_bits": fmt.bits(cfg.quant), "activation_bits": fmt.activation_bits, "engine": engine},
-        "calibration": calib.meta() if calib else None,
-        "data": data_identities(cfg),
-        "gates": {k: v.to_dict() for k, v in results.items()},
-        "stages": s.run.log,
-        "environment": {**s.env, "determinism": determinism.describe()},
-        "seconds": round(seconds, 2),
-    }
+    return schema.unloaded_reference(saved, s.reference_identity()["fingerprint"])

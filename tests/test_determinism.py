@@ -114,7 +114,7 @@ def test_load_model_configures_before_loading(clean, monkeypatch):
 
 
 def test_report_md_states_gpu_numerics_and_leaves_a_cpu_report_as_it_was(clean):
-    from qval.report.markdown import numerics_line
+    from qval.report.formatting import numerics_line
 
     assert numerics_line({"mode": "cpu"}) is None and numerics_line(None) is None
     line = numerics_line(determinism.configure("cuda"))

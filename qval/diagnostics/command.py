@@ -6,7 +6,6 @@ stages, kept apart from `stage.py`, which the pipeline itself runs for every gat
 
 from __future__ import annotations
 
-from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
@@ -14,6 +13,7 @@ from ..engines.registry import needs_calibration
 from ..errors import ConfigError
 from ..io import atomic_write_json, atomic_write_text
 from .. import pipeline  # looked up at call time, as before (tests replace pipeline.calibrate)
+from ..report import schema
 from ..report.html import render_html
 from ..stages import RunDir
 from .stage import layers_csv, run_diagnostics
@@ -34,12 +34,8 @@ def diagnose_run(cfg: Any, progress: Any, out_dir: str | None, alpha: float | No
     calib = pipeline.calibrate(s, alpha)
     diagnostics = run_diagnostics(s, calib, cfg.diagnostics.sensitivity != "never")
     diagnostics["layers_csv"] = "layers.csv"
-    page = {"schema": "qval.diagnostics", "schema_version": 1, "name": cfg.name, "description": cfg.description,
-            "created": datetime.now(timezone.utc).isoformat(timespec="seconds"), "config": cfg.model_dump(mode="json"),
-            "model": s.reference.describe(),
-            "candidate": {"format": cfg.quant.format.value, "kv_cache": cfg.quant.kv_cache.value, "exclude": cfg.quant.exclude,
-                          "engine": {"backend": cfg.engine.backend}},
-            "calibration": calib.meta(), "diagnostics": diagnostics, "stages": s.run.log, "environment": s.env}
+    page = schema.diagnostics_page(cfg, reference=s.reference.describe(), calibration=calib.meta(), diagnostics=diagnostics,
+                                   stages=s.run.log, environment=s.env)
     atomic_write_text(s.run.path / "layers.csv", layers_csv(diagnostics["layers"]))
     atomic_write_json(s.run.path / "diagnostics.json", page)
     atomic_write_text(s.run.path / "diagnostics.html", render_html(page))

@@ -29,7 +29,7 @@ from ..io import atomic_write_json, atomic_write_text
 from ..pipeline import RunResult, expand_alphas, run_gate
 from ..progress import SILENT, Progress
 from ..ranking import best, mean_kld, or_inf
-from ..report import write_reports
+from ..report import schema, write_reports
 from .sensitivity import ranking_key
 from .stage import effective_bits, kept_high
 
@@ -208,9 +208,7 @@ def _finish(outcome: FallbackOutcome, budget: Budget, cfg_written: GateConfig | 
               "final_run_dir": str(outcome.final.run_dir), "config_file": str(outcome.config_file) if outcome.config_file else None,
               "alphas": outcome.alphas, "steps": outcome.steps}
     atomic_write_json(folder / "fallback.json", record)
-    report = dict(outcome.start.report)
-    report["fallback"] = {k: v for k, v in record.items() if k != "steps"} | {
-        "steps": [{k: v for k, v in s.items() if k != "checks"} for s in outcome.steps]}
+    report = schema.with_fallback(outcome.start.report, record)
     write_reports(folder, report)
     outcome.start.report = report
     return outcome

@@ -13,16 +13,16 @@ as acc or exact_match, a per-document score (paired mean difference) or a perple
 log-likelihood lost per word or byte) otherwise. lm-eval's own figure for each model is kept in
 the suite's details beside qval's paired ones.
 
-Per suite, the rule is non-inferiority: the one-sided (1 − α) upper bound of the accuracy drop
-(Newcombe's paired interval; for scores, the normal interval of the paired difference) must not
-exceed the suite's margin; an optional limit on the flip rate is met by its exact upper bound.
-A suite whose reference is not clearly above chance is "uninformative", never a pass.
+Per suite (its figures: tasks_summary.py), the rule is non-inferiority: the one-sided (1 − α)
+upper bound of the accuracy drop (Newcombe's paired interval; for scores, the normal interval of
+the paired difference) must not exceed the suite's margin; an optional limit on the flip rate is
+met by its exact upper bound. A suite whose reference is not clearly above chance is
+"uninformative", never a pass.
 """
 
 from __future__ import annotations
 
 import json
-import math
 import time
 from typing import Any
 
@@ -34,15 +34,15 @@ from ..engines.concurrent import side_by_side
 from ..errors import ConfigError, DataError
 from ..gate_metrics import TASKS
 from ..io import atomic_write_text, file_fingerprint, tree_fingerprint
-from ..metrics.estimate import Estimate, normal_ppf
-from ..metrics.paired import (PairedCounts, informative, loglik_noninferiority, mean_noninferiority, noninferiority,
-                              paired_counts)
+from ..metrics.estimate import normal_ppf
+from ..metrics.paired import PairedCounts, informative
 from ..progress import SILENT
-from ..tasks import lmeval
+from ..tasks import lmeval, lmeval_task
 from ..tasks.base import OPEN_CHANCE, SUITES, Item
 from ..tasks.scoring import MATCHERS, continuation_logprob, pick, word_mark
 from ..verdict import GateResult, Threshold
 from .base import GateContext, GateSpec
+from .tasks_summary import summarize
 
 WORD_SHOWN = 6  # greedy tokens decoded to show what a model answered on a flipped cloze item
 
@@ -173,14 +173,14 @@ def lmeval_max_length(ctx: GateContext, suite: TaskSuite) -> int:
 
 def run_lmeval_suite(ctx: GateContext, suite: TaskSuite) -> dict[str, Any]:
     """One lm-eval task on both engines, paired by document: the suite's entry with its rows."""
-    lmeval.require(suite)
+    lmeval_task.require(suite)
     from ..tasks.lmeval_lm import EngineLM, NonFiniteLogits
 
     g = ctx.config.gates.tasks
     length = lmeval_max_length(ctx, suite)
     results, how, task, note = {}, None, None, None
     for who, engine in (("reference", ctx.reference), ("candidate", ctx.candidate)):
-        tm, task = lmeval.load_task(suite, ctx.config.resolve)  # a fresh task per model: lm-eval keeps state in it
+        tm, task = lmeval_task.load_task(suite, ctx.config.resolve)  # a fresh task per model: lm-eval keeps state in it
         if how is None:
             how = lmeval.pick_metric(suite, task)
             where = f"gates.tasks.suites[{g.suites.index(suite)}].limit"
@@ -197,7 +197,7 @@ def run_lmeval_suite(ctx: GateContext, suite: TaskSuite) -> dict[str, Any]:
         raise ConfigError(f"gates.tasks suite {suite.label}: metric {how['metric']} of task {suite.lm_eval} is a score, "
                           "not right/wrong marks: max_flip_rate does not apply; remove it.")
     cfg = task.config
-    info = {**how, "task": task.task_name, "output_type": task.OUTPUT_TYPE, "lm_eval_version": lmeval.version(),
+    info = {**how, "task": task.task_name, "output_type": task.OUTPUT_TYPE, "lm_eval_version": lmeval_task.version(),
             "task_version": (getattr(cfg, "metadata", None) or {}).get("version"),
             "num_fewshot": results["reference"].get("n-shot", {}).get(task.task_name),
             "limit": suite.limit, "include_path": suite.include_path, "max_length": length,
@@ -238,79 +238,6 @@ def run(ctx: GateContext) -> GateResult:
                            "rows": [{"id": it.id, "excerpt": it.excerpt, "expected": it.expected, **r} for it, r in zip(items, rows)]})
     atomic_write_text(ctx.folder / "items.jsonl", "\n".join(lines) + "\n")
     return summarize(ctx.config, suites, time.perf_counter() - t0)
-
-
-def summarize(cfg: GateConfig, suites: list[dict[str, Any]], seconds: float) -> GateResult:
-    """Per suite: the paired table, non-inferiority of the drop, and the flipped items; `suites`
-    holds each suite's rows (ref_right, cand_right, answers) as `run` produced them."""
-    g = cfg.gates.tasks
-    by_label = {s.label: s for s in g.suites}
-    measurements: dict[str, Estimate] = {}
-    out = []
-    for s in suites:
-        suite = by_label[s["suite"]]
-        rows = s.pop("rows")
-        if s.get("kind") in ("mean", "loglik"):
-            out.append(summarize_scores(suite, s, rows, measurements))
-            continue
-        c = paired_counts([r["ref_right"] for r in rows], [r["cand_right"] for r in rows])
-        ni = noninferiority(c, suite.margin, alpha=suite.alpha, beta=suite.beta)
-        L = s["suite"]
-        measurements[f"drop@{L}"] = Estimate(ni["drop"], None, ni["lo"], ni["hi"], c.n)
-        measurements[f"flip_rate@{L}"] = Estimate(ni["flip_rate"], None, *ni["flip_interval"], c.n)
-        measurements[f"ref_accuracy@{L}"] = Estimate(ni["ref_accuracy"], None, *ni["ref_interval"], c.n)
-        measurements[f"cand_accuracy@{L}"] = Estimate(ni["cand_accuracy"], None, *ni["cand_interval"], c.n)
-        flips = [{"suite": L, **r} for r in rows if r["ref_right"] != r["cand_right"]]
-        s["chance"] = suite.chance if suite.chance is not None else s["default_chance"]
-        if "lmeval" in s:
-            s["lmeval"]["qval_reference"], s["lmeval"]["qval_candidate"] = ni["ref_accuracy"], ni["cand_accuracy"]
-        out.append({**s, "n": c.n, "counts": c.to_dict(), "drop": ni, "flipped": flips, "alpha": suite.alpha,
-                    "interval": f"Newcombe paired, two-sided {1 - 2 * suite.alpha:.0%} (its upper end is the one-sided "
-                                f"{1 - suite.alpha:.0%} bound); flip and net-loss intervals Clopper–Pearson 95%"})
-    notes = [s["shortfall"] for s in out if s.get("shortfall")]
-    details = {"suites": out, **({"shortfall": "; ".join(notes)} if notes else {})}
-    return GateResult("tasks", "ok", measurements=measurements, details=details, seconds=seconds)
-
-
-SHOWN_DROPS = 5  # items of a score suite listed in the report: the largest per-item drops
-
-
-def summarize_scores(suite: TaskSuite, s: dict[str, Any], rows: list[dict[str, Any]],
-                     measurements: dict[str, Estimate]) -> dict[str, Any]:
-    """A suite marked by a per-document score (kind "mean") or a perplexity (kind "loglik"): the
-    paired drop with its interval, and the documents that lost the most."""
-    L, info = s["suite"], s.get("lmeval", {})
-    if s["kind"] == "loglik":
-        bpb = info.get("aggregation") == "bits_per_byte"
-        st = loglik_noninferiority([r["ref_ll"] for r in rows], [r["cand_ll"] for r in rows], [r["weight"] for r in rows],
-                                   suite.margin, suite.alpha, suite.beta, scale=1 / math.log(2) if bpb else 1.0)
-        ref_v, cand_v = (st["ref_bpb"], st["cand_bpb"]) if bpb else (st["ref_ppl"], st["cand_ppl"])
-        unit = ("bits per byte: candidate − reference" if bpb else
-                "ln(perplexity_candidate / perplexity_reference), the log-likelihood lost per "
-                f"{'word' if info.get('metric') == 'word_perplexity' else 'byte' if info.get('metric') == 'byte_perplexity' else 'document'}")
-        per_item = [(r["ref_ll"] - r["cand_ll"]) / r["weight"] if r["weight"] else 0.0 for r in rows]
-        ref_est, cand_est = Estimate(ref_v, n=st["n"]), Estimate(cand_v, n=st["n"])
-    else:
-        higher = bool(info.get("higher_is_better", True))
-        st = mean_noninferiority([r["ref_score"] for r in rows], [r["cand_score"] for r in rows], suite.margin,
-                                 suite.alpha, suite.beta, higher_is_better=higher)
-        ref_v, cand_v = st["ref_mean"], st["cand_mean"]
-        unit = f"mean {info.get('metric', 'score')} per document: " + ("reference − candidate" if higher else "candidate − reference")
-        per_item = [(r["ref_score"] - r["cand_score"]) * (1 if higher else -1) for r in rows]
-        ref_est, cand_est = Estimate(ref_v, None, *st["ref_interval"], st["n"]), Estimate(cand_v, None, *st["cand_interval"], st["n"])
-    st.update(ref_value=ref_v, cand_value=cand_v, unit=unit)
-    measurements[f"drop@{L}"] = Estimate(st["drop"], st["stderr"], st["lo"], st["hi"], st["n"])
-    measurements[f"ref_score@{L}"] = ref_est
-    measurements[f"cand_score@{L}"] = cand_est
-    if info:
-        info["qval_reference"], info["qval_candidate"] = ref_v, cand_v
-    order = sorted(range(len(rows)), key=lambda i: -per_item[i])
-    largest = [{"suite": L, **rows[i], "item_drop": per_item[i]} for i in order[:SHOWN_DROPS] if per_item[i] > 0]
-    z = normal_ppf(1 - suite.alpha)
-    return {**s, "n": st["n"], "drop": st, "flipped": [], "largest_drops": largest, "alpha": suite.alpha,
-            "chance": suite.chance,
-            "interval": f"normal, two-sided {1 - 2 * suite.alpha:.0%} (drop ± {z:.3f} standard errors; its upper end is "
-                        f"the one-sided {1 - suite.alpha:.0%} bound)" + ("; ratio estimator over the weights" if s["kind"] == "loglik" else "")}
 
 
 def _suite_result(result: GateResult | None, label: str) -> dict[str, Any] | None:
@@ -382,9 +309,9 @@ def inputs(cfg: GateConfig) -> dict[str, Any]:
 def lmeval_identity(cfg: GateConfig, suite: TaskSuite) -> dict[str, Any]:
     """What a stage key knows of an lm-eval suite's data: the task's name, the lm-eval version, and
     the content of the include_path folder (the user's YAMLs and the local data beside them)."""
-    out: dict[str, Any] = {"spec": f"lm-eval:{suite.lm_eval}", "lm_eval": lmeval.version()}
+    out: dict[str, Any] = {"spec": f"lm-eval:{suite.lm_eval}", "lm_eval": lmeval_task.version()}
     if suite.include_path is not None:
-        folder = lmeval.include_folder(suite, cfg.resolve)
+        folder = lmeval_task.include_folder(suite, cfg.resolve)
         out["include_path"] = {"spec": suite.include_path, "fingerprint": tree_fingerprint(folder)}
     return out
 
@@ -399,12 +326,12 @@ def check(cfg: GateConfig, tokenizer: Any) -> str | None:
         if suite.lm_eval is None:
             continue
         if tokenizer is None:
-            lmeval.find_task(suite, cfg.resolve)
+            lmeval_task.find_task(suite, cfg.resolve)
             continue
         if suite.chat_template and not getattr(tokenizer, "chat_template", None):
             raise ConfigError(f"gates.tasks.suites[{i}] ({suite.label}): chat_template is true but the model's tokenizer "
                               "has no chat template; remove chat_template, or use a model whose tokenizer has one.")
-        _, task = lmeval.load_task(suite, cfg.resolve)
+        _, task = lmeval_task.load_task(suite, cfg.resolve)
         lmeval.pick_metric(suite, task)
         notes.append(lmeval.limit_note(suite, task, f"gates.tasks.suites[{i}].limit", cfg.max_shortfall))
     return "; ".join(n for n in notes if n) or None

@@ -1,5 +1,5 @@
-"""Reports: report.json (the record, versioned schema), report.md and report.html (for people),
-and layers.csv (the per-quantizer scale diagnostics, when the run has them)."""
+"""Reports: report.json (the record, versioned schema: schema.py), report.md and report.html (for
+people), and layers.csv (the per-quantizer scale diagnostics, when the run has them)."""
 
 from __future__ import annotations
 

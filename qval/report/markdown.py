@@ -5,41 +5,26 @@ from __future__ import annotations
 from typing import Any
 
 from .diagnostics_md import diagnostics_markdown
+from .formatting import (CHECK_COLUMNS, DROP_COLUMNS, FLIP_COLUMNS, LMEVAL_COLUMNS, LMEVAL_NOTE, TITLES, bracket,
+                         calibration_text, candidate_text, check_rows, estimate, failed_text, interval, lmeval_rows,
+                         numerics_line, reference_text, right, runtime_text, split_suites, stage_rows, versions_text)
 from .numbers import fmt
 
 
-def interval(c: dict[str, Any]) -> str:
-    return f"[{fmt(c['lo'])}, {fmt(c['hi'])}]" if c.get("lo") is not None else "–"
+def table(headers: tuple[str, ...] | list[str], rows: list[list[Any]]) -> list[str]:
+    """A Markdown table; each cell is printed as it is (the caller formats its numbers)."""
+    return (["| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]
+            + ["| " + " | ".join(str(x) for x in row) + " |" for row in rows])
 
 
-def threshold_text(c: dict[str, Any]) -> str:
-    """'≤ 0.037 (sized), detects ≥ 0.049': the limit, and for a sized one the value of the figure
-    a candidate must reach to be rejected with the configured power (1 − β)."""
-    sign = "≤" if c["op"] == "max" else "≥"
-    thr = f"{sign} {fmt(c['limit'])} ({c['source']})"
-    if c.get("detectable") is not None:
-        thr += f", detects {'≥' if c['op'] == 'max' else '≤'} {fmt(c['detectable'])}"
-    elif c.get("min_detectable_effect") is not None:  # reports written before `detectable` existed
-        thr += f", detectable effect {fmt(c['min_detectable_effect'])}"
-    return thr
+#: how report.md marks a check's outcome (formatting.outcome)
+MARKS = {"pass": "PASS", "fail": "**FAIL**", "uninformative": "uninformative"}
+CHECK_SHOWN = ("gate", "metric", "value", "95% interval", "threshold", "outcome")
 
 
 def checks_table(checks: list[dict[str, Any]]) -> list[str]:
-    lines = ["| gate | metric | value | 95% interval | threshold | outcome |", "|---|---|---|---|---|---|"]
-    for c in checks:
-        thr = threshold_text(c)
-        mark = {"pass": "PASS", "uninformative": "uninformative"}.get(c["outcome"], "**FAIL**")
-        lines.append(f"| {c['gate']} | {c['metric']} | {fmt(c['value'])} | {interval(c)} | {thr} | {mark} |")
-    return lines
-
-
-def estimate(e: dict[str, Any] | None) -> str:
-    if not e:
-        return "–"
-    s = fmt(e.get("value"))
-    if e.get("stderr") is not None:
-        s += f" ± {fmt(e['stderr'], 2)}"
-    return s
+    rows = [dict(zip(CHECK_COLUMNS, row)) for row in check_rows(checks)]
+    return table(CHECK_SHOWN, [[fmt(r[k]) if k != "outcome" else MARKS[r[k]] for k in CHECK_SHOWN] for r in rows])
 
 
 def agreement_section(g: dict[str, Any]) -> list[str]:
@@ -63,8 +48,7 @@ def agreement_section(g: dict[str, Any]) -> list[str]:
 def generic_section(g: dict[str, Any]) -> list[str]:
     lines = ["| figure | value | 95% interval |", "|---|---|---|"]
     for k, e in g["measurements"].items():
-        iv = f"[{fmt(e.get('lo'))}, {fmt(e.get('hi'))}]" if e.get("lo") is not None else "–"
-        lines.append(f"| {k} | {estimate(e)} | {iv} |")
+        lines.append(f"| {k} | {estimate(e)} | {interval(e)} |")
     for note in g["details"].get("notes", []):
         lines.append(f"\nNote: {note}")
     return lines
@@ -163,7 +147,7 @@ def retrieval_section(g: dict[str, Any]) -> list[str]:
     for x in d.get("per_length", []) + [{"length": "all", **d.get("overall", {}), "n": None}]:
         dr = x.get("drop", {})
         lines.append(f"| {x['length']} | {dr.get('n')} | {fmt(dr.get('ref_accuracy'))} | {fmt(dr.get('cand_accuracy'))} | "
-                     f"{fmt(dr.get('drop'))} [{fmt(dr.get('lo'))}, {fmt(dr.get('hi'))}] | {fmt(dr.get('detectable_drop'))} | "
+                     f"{fmt(dr.get('drop'))} {bracket(dr.get('lo'), dr.get('hi'))} | {fmt(dr.get('detectable_drop'))} | "
                      f"{x.get('counts', {}).get('ref_only', 0) + x.get('counts', {}).get('cand_only', 0)} "
                      f"({x.get('counts', {}).get('ref_only')}) | {fmt(dr.get('mcnemar_p'))} |")
     depths = d.get("depths", [])
@@ -177,11 +161,10 @@ def retrieval_section(g: dict[str, Any]) -> list[str]:
         lines += ["", f"On the pass-code tokens (teacher-forced): mean KLD {estimate(m['answer_kld'])}, top-1 {estimate(m.get('answer_top1'))}."]
     flips = d.get("flipped", [])
     if flips:
-        lines += ["", "Trials the two models answer differently (greedy answers):", "",
-                  "| context | depth | key | reference answered | candidate answered | right |", "|---|---|---|---|---|---|"]
-        for f in flips:
-            lines.append(f"| {f['length']} | {f['depth']:.0%} | {f['key']} | {f.get('ref_answer', '–')!r} | {f.get('cand_answer', '–')!r} | "
-                         f"{'reference' if f['ref_right'] else 'candidate'} |")
+        lines += ["", "Trials the two models answer differently (greedy answers):", ""]
+        lines += table(("context", "depth", "key", "reference answered", "candidate answered", "right"),
+                       [[f["length"], f"{f['depth']:.0%}", f["key"], repr(f.get("ref_answer", "–")), repr(f.get("cand_answer", "–")),
+                         right(f)] for f in flips])
     return lines
 
 
@@ -191,30 +174,10 @@ def _cell_text(x: Any, chars: int = 60) -> str:
     return t if len(t) <= chars else t[: chars - 1] + "…"
 
 
-def _score_suites(suites: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    return [s for s in suites if s.get("kind") in ("mean", "loglik")]
-
-
-def lmeval_rows(suites: list[dict[str, Any]]) -> list[list[Any]]:
-    """Per lm-eval suite: the task as lm-eval ran it, lm-eval's own figure for each model and
-    qval's from the paired documents (the same number when lm-eval averages per document)."""
-    out = []
-    for s in suites:
-        m = s.get("lmeval")
-        if not m:
-            continue
-        shots, limit = m.get("num_fewshot"), m.get("limit")
-        how = f"{m.get('output_type')}, {m.get('key')}, {'?' if shots is None else shots}-shot"
-        how += "" if limit is None else f", first {limit} documents"
-        out.append([s["suite"], f"{m.get('task')} ({how})", s.get("n"), m.get("reference"), m.get("qval_reference"), m.get("candidate"), m.get("qval_candidate"),
-                    m.get("lm_eval_version")])
-    return out
-
-
 def tasks_section(g: dict[str, Any]) -> list[str]:
     d = g["details"]
     suites = d.get("suites", [])
-    binary = [s for s in suites if s not in _score_suites(suites)]
+    binary, scores = split_suites(suites)
     lines = [f"Gate 4 took {fmt(g.get('seconds'))} s (reference and candidate). Both models answer every item; a suite "
              "passes when the one-sided upper bound of its drop (reference − candidate: the accuracy, with Newcombe's "
              "paired interval; for a suite scored per document, the metric's paired mean difference or the perplexity's "
@@ -229,10 +192,9 @@ def tasks_section(g: dict[str, Any]) -> list[str]:
         ri, ci, fi = dr.get("ref_interval") or [None, None], dr.get("cand_interval") or [None, None], dr.get("flip_interval") or [None, None]
         flips = s["counts"]["ref_only"] + s["counts"]["cand_only"]
         lines.append(f"| {s['suite']} ({s.get('source')}) | {s.get('n')} | {fmt(s.get('chance'))} | {fmt(dr.get('ref_accuracy'))} "
-                     f"[{fmt(ri[0])}, {fmt(ri[1])}] | {fmt(dr.get('cand_accuracy'))} [{fmt(ci[0])}, {fmt(ci[1])}] | "
-                     f"{fmt(dr.get('drop'))} [{fmt(dr.get('lo'))}, {fmt(dr.get('hi'))}] | {fmt(dr.get('detectable_drop'))} | "
-                     f"{flips} ({s['counts']['ref_only']}) [{fmt(fi[0])}, {fmt(fi[1])}] | {fmt(dr.get('mcnemar_p'))} | {fmt(s.get('seconds'))} |")
-    scores = _score_suites(suites)
+                     f"{bracket(*ri)} | {fmt(dr.get('cand_accuracy'))} {bracket(*ci)} | "
+                     f"{fmt(dr.get('drop'))} {bracket(dr.get('lo'), dr.get('hi'))} | {fmt(dr.get('detectable_drop'))} | "
+                     f"{flips} ({s['counts']['ref_only']}) {bracket(*fi)} | {fmt(dr.get('mcnemar_p'))} | {fmt(s.get('seconds'))} |")
     if scores:
         lines += ["", "Suites scored per document (the drop in the unit named):", "",
                   "| suite | documents | metric | reference | candidate | drop [interval] | unit of the drop | detects drops ≥ | seconds |",
@@ -241,61 +203,29 @@ def tasks_section(g: dict[str, Any]) -> list[str]:
             dr = s.get("drop", {})
             lines.append(f"| {s['suite']} ({s.get('source')}) | {s.get('n')} | {(s.get('lmeval') or {}).get('key', '–')} | "
                          f"{fmt(dr.get('ref_value'))} | {fmt(dr.get('cand_value'))} | {fmt(dr.get('drop'))} "
-                         f"[{fmt(dr.get('lo'))}, {fmt(dr.get('hi'))}] | {_cell_text(dr.get('unit'), 90)} | "
+                         f"{bracket(dr.get('lo'), dr.get('hi'))} | {_cell_text(dr.get('unit'), 90)} | "
                          f"{fmt(dr.get('detectable_drop'))} | {fmt(s.get('seconds'))} |")
     lm = lmeval_rows(suites)
     if lm:
-        lines += ["", "lm-evaluation-harness suites: lm-eval's own figure for each model (its results table) beside "
-                  "qval's from the paired documents:", "",
-                  "| suite | task (output, metric,filter, shots) | documents | lm-eval: reference | qval: reference | "
-                  "lm-eval: candidate | qval: candidate | lm-eval |", "|---|---|---|---|---|---|---|---|"]
-        lines += ["| " + " | ".join(_cell_text(x, 90) if isinstance(x, str) else fmt(x) for x in row) + " |" for row in lm]
+        lines += ["", LMEVAL_NOTE + ":", ""]
+        lines += table(LMEVAL_COLUMNS, [[_cell_text(x, 90) if isinstance(x, str) else fmt(x) for x in row] for row in lm])
     flips = [f for s in suites for f in s.get("flipped", [])]
     if flips:
-        lines += ["", "Items the two models mark differently:", "",
-                  "| suite | item | prompt (end) | expected | reference answered | candidate answered | right |",
-                  "|---|---|---|---|---|---|---|"]
-        for f in flips:
-            lines.append(f"| {f['suite']} | {f['id']} | {_cell_text(f.get('excerpt'), 80)} | {_cell_text(f.get('expected'))} | "
-                         f"{_cell_text(f.get('ref_answer'))} | {_cell_text(f.get('cand_answer'))} | "
-                         f"{'reference' if f['ref_right'] else 'candidate'} |")
+        lines += ["", "Items the two models mark differently:", ""]
+        lines += table(FLIP_COLUMNS, [[f["suite"], f["id"], _cell_text(f.get("excerpt"), 80), _cell_text(f.get("expected")),
+                                       _cell_text(f.get("ref_answer")), _cell_text(f.get("cand_answer")), right(f)] for f in flips])
     drops = [f for s in scores for f in s.get("largest_drops", [])]
     if drops:
-        lines += ["", "Documents whose score dropped most:", "",
-                  "| suite | item | text (end) | expected | reference | candidate | drop |", "|---|---|---|---|---|---|---|"]
-        for f in drops:
-            lines.append(f"| {f['suite']} | {f['id']} | {_cell_text(f.get('excerpt'), 80)} | {_cell_text(f.get('expected'))} | "
-                         f"{_cell_text(f.get('ref_answer'))} | {_cell_text(f.get('cand_answer'))} | {fmt(f.get('item_drop'))} |")
+        lines += ["", "Documents whose score dropped most:", ""]
+        lines += table(DROP_COLUMNS, [[f["suite"], f["id"], _cell_text(f.get("excerpt"), 80), _cell_text(f.get("expected")),
+                                       _cell_text(f.get("ref_answer")), _cell_text(f.get("cand_answer")), fmt(f.get("item_drop"))]
+                                      for f in drops])
     return lines
 
 
-SECTIONS = {"agreement": ("Gate 1 — logits agreement", agreement_section),
-            "depth": ("Gate 1 at depth — long context", depth_section),
-            "retrieval": ("Retrieval matrix — context length × needle depth", retrieval_section),
-            "quality": ("Gate 2 — perplexity and BLEU/chrF", quality_section),
-            "longgen": ("Gate 3 — long-generation stability", longgen_section),
-            "tasks": ("Gate 4 — answers, item by item", tasks_section)}
-
-
-def reference_text(model: dict[str, Any]) -> str:
-    fp = str(model.get("fingerprint"))[:12]
-    if "name" not in model:
-        return f"Reference: fingerprint {fp}, not loaded in this run (every stage reused) and not described by an earlier one"
-    text = f"Reference: {model['name']} (fingerprint {fp}), computed in {model.get('compute_dtype', '?')} on {model.get('device', '?')}"
-    return text + (" (as described by the run that computed the stages; not loaded in this one)" if model.get("loaded") is False else "")
-
-
-def runtime_text(r: dict[str, Any]) -> str:
-    """'run took 0.04 s (every stage reused from an earlier run, which computed them in 1107 s)':
-    a fully cached run must not read as if the gates took no time."""
-    text = f"run took {r['seconds']} s"
-    stages = r.get("stages") or {}
-    reused = [st for st in stages.values() if st.get("cached")]
-    if reused:
-        earlier = sum(float(st.get("seconds") or 0.0) for st in reused)
-        which = "every stage" if len(reused) == len(stages) else f"{len(reused)} of {len(stages)} stages"
-        text += f" ({which} reused from an earlier run, which computed {'them' if len(reused) > 1 else 'it'} in {fmt(earlier)} s)"
-    return text
+#: each gate's evidence; a gate not named here shows its measurements (generic_section)
+SECTIONS = {"agreement": agreement_section, "depth": depth_section, "retrieval": retrieval_section,
+            "quality": quality_section, "longgen": longgen_section, "tasks": tasks_section}
 
 
 def render_markdown(r: dict[str, Any]) -> str:
@@ -306,9 +236,8 @@ def render_markdown(r: dict[str, Any]) -> str:
         out += [r["description"], ""]
     model = r["model"]
     out += [f"- {reference_text(model)}",
-            f"- Candidate: {cand['format']} weights, KV cache {cand['kv_cache']}, excluded {', '.join(cand['exclude']) or 'nothing'}; "
-            f"engine {cand['engine'].get('backend')}" + ("" if cand["engine"].get("executed", True) else " (NOT EXECUTED here)"),
-            f"- {v['failed_checks']} of {len(v['checks'])} checks failed"
+            f"- {candidate_text(cand)}" + ("" if cand["engine"].get("executed", True) else " (NOT EXECUTED here)"),
+            f"- {failed_text(v)}"
             + (f", {v['uninformative_checks']} uninformative (the data cannot show a loss there)" if v.get("uninformative_checks") else "")
             + f"; {runtime_text(r)}; created {r['created']}"]
     for note in model.get("notes", []):
@@ -323,8 +252,8 @@ def render_markdown(r: dict[str, Any]) -> str:
     if blind:
         out += ["Uninformative (not a pass: this data cannot show a loss):", ""] + [f"- {c['gate']}/{c['metric']}: {c['reason']}" for c in blind] + [""]
     for name, g in r["gates"].items():
-        title, render = SECTIONS.get(name, (name, generic_section))
-        out += [f"## {title}", ""]
+        render = SECTIONS.get(name, generic_section)
+        out += [f"## {TITLES.get(name, name)}", ""]
         if g["status"] != "ok":
             out += [f"**{g['status']}**: {g['error']}", ""]
         if g["measurements"]:
@@ -332,33 +261,15 @@ def render_markdown(r: dict[str, Any]) -> str:
     out += diagnostics_markdown(r)
     cal = r.get("calibration")
     if cal:
-        c = cal.get("calibration", {})
-        out += ["## Calibration", "", f"{c.get('samples_used')} samples × {c.get('seq_len')} tokens from {c.get('dataset')}, "
-                f"{cal.get('quantizers_enabled')} quantizers enabled, {cal.get('calibration_seconds')} s."]
-        if c.get("shortfall"):
-            out.append(f"Note: {c['shortfall']}.")
+        out += ["## Calibration", "", calibration_text(cal)]
+        if (cal.get("calibration") or {}).get("shortfall"):
+            out.append(f"Note: {cal['calibration']['shortfall']}.")
         out.append("")
-    out += ["## Stages", "", "| stage | cached | seconds |", "|---|---|---|"]
-    out += [f"| {k} | {'yes' if s['cached'] else 'no'} | {s['seconds']} |" for k, s in r["stages"].items()]
+    out += ["## Stages", "", *table(("stage", "cached", "seconds"), stage_rows(r["stages"]))]
     env = r["environment"]
-    out += ["", "## Environment", "", ", ".join(f"{k} {v}" for k, v in env["versions"].items() if v), f"device: {env['device']}"]
+    out += ["", "## Environment", "", versions_text(env), f"device: {env['device']}"]
     if numerics := numerics_line(env.get("determinism")):  # GPU runs only: a CPU report reads as before
         out.append(numerics)
     out.append("")
     return "\n".join(out)
 
-
-def numerics_line(d: dict[str, Any] | None) -> str | None:
-    """The GPU numerics a run used, in one line; None where nothing was set (a CPU run).
-
-    >>> numerics_line({"mode": "cpu"}) is None
-    True
-    >>> numerics_line({"mode": "on", "attention": "no-cudnn", "cublas_workspace_config": ":4096:8"})
-    'numerics: deterministic mode (attention no-cudnn, CUBLAS_WORKSPACE_CONFIG :4096:8; qval/determinism.py)'
-    """
-    if not d or d.get("mode") not in ("on", "off"):
-        return None
-    if d["mode"] == "off":
-        return "numerics: deterministic mode off (QVAL_DETERMINISTIC=0): figures may differ from run to run"
-    return (f"numerics: deterministic mode (attention {d.get('attention')}, CUBLAS_WORKSPACE_CONFIG "
-            f"{d.get('cublas_workspace_config')}; qval/determinism.py)")

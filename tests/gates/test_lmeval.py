@@ -20,7 +20,7 @@ import torch
 from qval.config import parse_config
 from qval.errors import BackendUnavailable, ConfigError, DataError, QvalError
 from qval.gates import GATES, GateContext
-from qval.gates.tasks import summarize
+from qval.gates.tasks_summary import summarize
 from qval.verdict import decide
 
 from ..conftest import ROOT, small_config, write_config
@@ -90,28 +90,28 @@ def test_the_shipped_tasks_never_overlap_calibration():
 # --- finding and loading tasks ----------------------------------------------------------------------
 
 def test_unknown_task_group_and_tag_are_config_errors_naming_them():
-    from qval.tasks import lmeval
+    from qval.tasks import lmeval_task
 
     cfg = _cfg(_suite(lm_eval="qval_choise"))
     with pytest.raises(ConfigError, match=r"qval_choise is not a task lm-eval knows.*Close names: qval_choice"):
-        lmeval.find_task(cfg.gates.tasks.suites[0], cfg.resolve)
+        lmeval_task.find_task(cfg.gates.tasks.suites[0], cfg.resolve)
     for name, says in (("mmlu", r"mmlu is an lm-eval group of tasks \(mmlu_stem"), ("ai2_arc", r"ai2_arc is an lm-eval tag of tasks \(arc_")):
         cfg = _cfg(_suite(lm_eval=name))  # not under include_path: found among lm-eval's own (one index, kept)
         with pytest.raises(ConfigError, match=says):
-            lmeval.find_task(cfg.gates.tasks.suites[0], cfg.resolve)
+            lmeval_task.find_task(cfg.gates.tasks.suites[0], cfg.resolve)
     cfg = _cfg(_suite(include_path="no/such/folder"))
     with pytest.raises(ConfigError, match="include_path no/such/folder: no such folder"):
-        lmeval.find_task(cfg.gates.tasks.suites[0], cfg.resolve)
+        lmeval_task.find_task(cfg.gates.tasks.suites[0], cfg.resolve)
 
 
 def test_relative_data_files_resolve_against_the_yaml_whatever_the_working_directory(tmp_path, monkeypatch):
-    from qval.tasks import lmeval
+    from qval.tasks import lmeval_task
 
     (tmp_path / "data").mkdir()
     (tmp_path / "data" / "a.jsonl").write_text("{}\n")
     cfg = {"dataset_path": "json", "dataset_kwargs": {"data_files": {"test": "data/a.jsonl", "dev": ["data/*.jsonl", "/abs/x", "https://host/x.jsonl"],
                                                                      "gone": "missing.jsonl"}, "data_dir": "data"}}
-    out = lmeval.local_paths(cfg, tmp_path)
+    out = lmeval_task.local_paths(cfg, tmp_path)
     files = out["dataset_kwargs"]["data_files"]
     assert files["test"] == str(tmp_path / "data/a.jsonl") and files["dev"] == [str(tmp_path / "data/*.jsonl"), "/abs/x", "https://host/x.jsonl"]
     assert files["gone"] == "missing.jsonl" and out["dataset_kwargs"]["data_dir"] == str(tmp_path / "data")
@@ -119,29 +119,29 @@ def test_relative_data_files_resolve_against_the_yaml_whatever_the_working_direc
 
     monkeypatch.chdir(tmp_path)  # lm-eval (datasets) alone would look for qval_choice.jsonl here
     suite = _cfg(_suite()).gates.tasks.suites[0]
-    _, task = lmeval.load_task(suite, Path)
+    _, task = lmeval_task.load_task(suite, Path)
     assert task.task_name == "qval_choice" and len(task.test_docs()) == 40 and len(task.fewshot_docs()) == 5
 
 
 def test_a_task_whose_data_file_is_missing_is_a_data_error(tmp_path):
-    from qval.tasks import lmeval
+    from qval.tasks import lmeval_task
 
     (tmp_path / "broken.yaml").write_text((LMEVAL / "qval_choice.yaml").read_text().replace("task: qval_choice", "task: qval_broken")
                                           .replace("qval_choice.jsonl", "nowhere.jsonl"))
     cfg = _cfg(_suite(lm_eval="qval_broken", include_path=str(tmp_path)))
     with pytest.raises(DataError, match=r"lm-eval could not load task qval_broken \(.*broken.yaml\): FileNotFoundError"):
-        lmeval.load_task(cfg.gates.tasks.suites[0], cfg.resolve)
+        lmeval_task.load_task(cfg.gates.tasks.suites[0], cfg.resolve)
     (tmp_path / "broken.yaml").write_text("task: qval_broken\nprocess_docs: !function nowhere.fix\n")
     with pytest.raises(DataError, match=r"lm-eval could not read .*broken.yaml: ImportError: Cannot import module 'nowhere'"):
-        lmeval.load_task(cfg.gates.tasks.suites[0], cfg.resolve)
+        lmeval_task.load_task(cfg.gates.tasks.suites[0], cfg.resolve)
 
 
 def test_the_metric_is_chosen_and_checked_before_any_model_runs(tmp_path):
-    from qval.tasks import lmeval
+    from qval.tasks import lmeval, lmeval_task
 
     def pick(**kw):
         suite = _cfg(_suite(**kw)).gates.tasks.suites[0]
-        return lmeval.pick_metric(suite, lmeval.load_task(suite, Path)[1])
+        return lmeval.pick_metric(suite, lmeval_task.load_task(suite, Path)[1])
 
     assert {k: pick()[k] for k in ("key", "family", "higher_is_better")} == {"key": "acc,none", "family": "mean", "higher_is_better": True}
     assert pick(metric="acc_norm")["key"] == "acc_norm,none"
@@ -166,13 +166,13 @@ def test_the_metric_is_chosen_and_checked_before_any_model_runs(tmp_path):
 def test_without_lm_eval_validate_and_gate_say_what_to_install(tmp_path, monkeypatch):
     from tests.reliability.helpers import clean_error, word_config
 
-    from qval.tasks import lmeval
+    from qval.tasks import lmeval_task
 
     monkeypatch.setitem(sys.modules, "lm_eval", None)  # `import lm_eval` now raises ImportError
     cfg = word_config(tmp_path)
     cfg["gates"]["tasks"] = {"suites": [_suite()]}
     with pytest.raises(BackendUnavailable) as err:
-        lmeval.require(parse_config(cfg).gates.tasks.suites[0])
+        lmeval_task.require(parse_config(cfg).gates.tasks.suites[0])
     assert err.value.exit_code == 2
     path = write_config(tmp_path, cfg)
     for cmd in (("validate", "--config", path), ("gate", "--config", path, "--out", tmp_path / "runs", "-q")):
@@ -338,7 +338,7 @@ def test_a_per_document_score_is_gated_on_its_mean_and_needs_a_direction(tmp_pat
 def test_a_failing_task_is_a_data_error_and_a_failing_engine_is_not(tmp_path, tokenizer):
     """The task's own code failing (here its process_results) is the user's to fix: DataError,
     exit 2, naming the task. The engine failing is qval's: its own exception, not a DataError."""
-    from qval.tasks import lmeval
+    from qval.tasks import lmeval, lmeval_task
     from qval.tasks.lmeval_lm import EngineLM
 
     (tmp_path / "boom.py").write_text("def process(doc, results):\n    raise ValueError('no answer key in this doc')\n")
@@ -346,15 +346,15 @@ def test_a_failing_task_is_a_data_error_and_a_failing_engine_is_not(tmp_path, to
                                         .replace("qval_choice", str(LMEVAL / "qval_choice")) + "process_results: !function boom.process\n")
     suite = _cfg(_suite(lm_eval="qval_boom", include_path=str(tmp_path), limit=2)).gates.tasks.suites[0]
     lm = EngineLM(FlatEngine(len(tokenizer)), tokenizer, "reference", 256)
-    tm, task = lmeval.load_task(suite, Path)
+    tm, task = lmeval_task.load_task(suite, Path)
     with pytest.raises(DataError, match="lm-eval failed running task qval_boom on the reference: ValueError: no answer key"):
         lmeval.evaluate(lm, suite, tm, task)
     suite = _cfg(_suite(limit=2)).gates.tasks.suites[0]
-    tm, task = lmeval.load_task(suite, Path)
+    tm, task = lmeval_task.load_task(suite, Path)
     with pytest.raises(RuntimeError, match="a bug in the engine") as err:
         lmeval.evaluate(EngineLM(FlatEngine(len(tokenizer), fail=True), tokenizer, "candidate", 256), suite, tm, task)
     assert not isinstance(err.value, QvalError)
-    tm, task = lmeval.load_task(suite, Path)
+    tm, task = lmeval_task.load_task(suite, Path)
     samples = lmeval.evaluate(lm, suite, tm, task)["samples"]["qval_choice"]  # flat logits: ties, lm-eval picks the first
     assert [s["acc"] for s in samples] == [1.0, 0.0] and samples[0]["filtered_resps"][0][0] == pytest.approx(-math.log(len(tokenizer)))
 
@@ -608,11 +608,11 @@ def _wrapper(default_model, max_length=8192, engine=None):
 
 @pytest.mark.slow
 def test_few_shot_prompts_and_log_likelihoods_are_lm_evals_own(default_model):
-    from qval.tasks import lmeval
+    from qval.tasks import lmeval, lmeval_task
 
     theirs = _hflm(default_model, "qval_choice", LMEVAL, num_fewshot=2, limit=10)["samples"]["qval_choice"]
     suite = _cfg(_suite(num_fewshot=2, limit=10)).gates.tasks.suites[0]
-    tm, task = lmeval.load_task(suite, Path)
+    tm, task = lmeval_task.load_task(suite, Path)
     ours = lmeval.evaluate(_wrapper(default_model), suite, tm, task)["samples"]["qval_choice"]
     assert [s["prompt_hash"] for s in ours] == [s["prompt_hash"] for s in theirs] and len(ours) == 10
     assert "Question: What colour is fresh snow?" in ours[0]["arguments"][0][0]  # the dev split's first two, first_n

@@ -15,7 +15,8 @@ import torch
 from qval.config import parse_config
 from qval.errors import ConfigError, DataError
 from qval.gates import GATES, GateContext
-from qval.gates.tasks import score_choice, summarize
+from qval.gates.tasks import score_choice
+from qval.gates.tasks_summary import summarize
 from qval.tasks import SUITES, Item
 from qval.tasks.builtin import cloze_candidates, sentences
 from qval.tasks.scoring import continuation_logprob, contains, exact, numeric, pick, regex, word_mark

@@ -26,7 +26,7 @@ IMG = re.compile(r'<img src="data:image/svg\+xml;base64,([A-Za-z0-9+/=]+)"')
 
 
 def sample_report() -> dict:
-    """A report shaped like pipeline.assemble_report's, every section filled, built from real parts."""
+    """A report shaped like schema.build_report's, every section filled, built from real parts."""
     rng = np.random.default_rng(0)
     n = 2000
     kld = rng.lognormal(-5, 1.5, n)

@@ -1,12 +1,22 @@
-"""report.md's wording of thresholds, the reference and the run time."""
+"""The shared wording of report.md and report.html: thresholds, the reference, the run time,
+the outcome words and the gate titles."""
 
 from __future__ import annotations
 
-from qval.report.markdown import reference_text, runtime_text, threshold_text
+import doctest
+
+from qval.report import formatting, numbers, schema
+from qval.report.formatting import TITLES, outcome, reference_text, runtime_text, threshold_text
+from qval.report.html import TITLES as HTML_TITLES
 
 
 def check(op: str, limit: float, **extra) -> dict:
     return {"op": op, "limit": limit, "source": "sized" if extra else "absolute", **extra}
+
+
+def test_doctests() -> None:
+    for module in (formatting, numbers, schema):
+        assert doctest.testmod(module).failed == 0, module.__name__
 
 
 def test_threshold_names_the_value_it_detects_on_the_right_side() -> None:
@@ -32,3 +42,12 @@ def test_reference_text() -> None:
     assert reference_text(d) == "Reference: SmolLM2 (fingerprint 97bd54092849), computed in float32 on cpu"
     assert reference_text({**d, "loaded": False}).endswith("(as described by the run that computed the stages; not loaded in this one)")
     assert "not loaded in this run" in reference_text({"fingerprint": "97bd540928490fa0", "loaded": False})
+
+
+def test_a_failed_gate_or_a_nonfinite_check_is_never_a_pass() -> None:
+    assert [outcome(x) for x in ("error", "skipped", "nonfinite", None, False)] == ["fail"] * 5
+
+
+def test_one_title_per_gate_and_report_html_differs_only_where_it_always_has() -> None:
+    assert {k for k in TITLES if HTML_TITLES[k] != TITLES[k]} == {"quality"}
+    assert TITLES.keys() == HTML_TITLES.keys()

@@ -1,0 +1,172 @@
+"""One formatter per concept of the report, shared by report.md and report.html: the words and
+figures are made here once, and each renderer adds only its own markup (Markdown's bold and
+pipes, HTML's escaping and badges)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .numbers import fmt
+
+#: each gate's section title; a gate not named here is titled by its name
+TITLES = {"agreement": "Gate 1 — logits agreement",
+          "depth": "Gate 1 at depth — long context",
+          "retrieval": "Retrieval matrix — context length × needle depth",
+          "quality": "Gate 2 — perplexity and BLEU/chrF",
+          "longgen": "Gate 3 — long-generation stability",
+          "tasks": "Gate 4 — answers, item by item"}
+
+#: the checks table's columns; report.md shows all but "what" and "reason" (it lists the reasons below)
+CHECK_COLUMNS = ("gate", "metric", "what", "value", "95% interval", "threshold", "outcome", "reason")
+LMEVAL_COLUMNS = ("suite", "task (output, metric,filter, shots)", "documents", "lm-eval: reference", "qval: reference",
+                  "lm-eval: candidate", "qval: candidate", "lm-eval")
+LMEVAL_NOTE = ("lm-evaluation-harness suites: lm-eval's own figure for each model (its results table) beside qval's "
+               "from the paired documents")
+FLIP_COLUMNS = ("suite", "item", "prompt (end)", "expected", "reference answered", "candidate answered", "right")
+DROP_COLUMNS = ("suite", "item", "text (end)", "expected", "reference", "candidate", "drop")
+
+
+def bracket(lo: Any, hi: Any) -> str:
+    """'[0.1, 0.3]'; a missing end is '–'."""
+    return f"[{fmt(lo)}, {fmt(hi)}]"
+
+
+def interval(e: dict[str, Any]) -> str:
+    """An estimate's 95 % interval, or '–' when it has none.
+
+    >>> interval({"value": 0.2, "lo": 0.1, "hi": 0.3}), interval({"value": 0.2})
+    ('[0.1, 0.3]', '–')
+    """
+    return bracket(e.get("lo"), e.get("hi")) if e.get("lo") is not None else "–"
+
+
+def estimate(e: dict[str, Any] | None) -> str:
+    """'0.97 ± 0.01': the value, and its standard error to two digits where it has one."""
+    if not e:
+        return "–"
+    s = fmt(e.get("value"))
+    if e.get("stderr") is not None:
+        s += f" ± {fmt(e['stderr'], 2)}"
+    return s
+
+
+def threshold_text(c: dict[str, Any]) -> str:
+    """'≤ 0.037 (sized), detects ≥ 0.049': the limit, and for a sized one the value of the figure
+    a candidate must reach to be rejected with the configured power (1 − β)."""
+    sign = "≤" if c["op"] == "max" else "≥"
+    thr = f"{sign} {fmt(c['limit'])} ({c['source']})"
+    if c.get("detectable") is not None:
+        thr += f", detects {'≥' if c['op'] == 'max' else '≤'} {fmt(c['detectable'])}"
+    elif c.get("min_detectable_effect") is not None:  # reports written before `detectable` existed
+        thr += f", detectable effect {fmt(c['min_detectable_effect'])}"
+    return thr
+
+
+def outcome(x: bool | str) -> str:
+    """A check's outcome, or an approval, as one of "pass", "fail", "uninformative".
+
+    >>> [outcome(x) for x in ("pass", "fail", "uninformative", "nonfinite", True, False)]
+    ['pass', 'fail', 'uninformative', 'fail', 'pass', 'fail']
+    """
+    if x == "uninformative":
+        return "uninformative"
+    return "pass" if x is True or x == "pass" else "fail"
+
+
+def decision(approved: bool) -> str:
+    return "APPROVE" if approved else "REJECT"
+
+
+def check_rows(checks: list[dict[str, Any]]) -> list[list[Any]]:
+    """The checks table, one row per check in CHECK_COLUMNS' order; the value is left a number
+    (each renderer prints it with fmt) and the outcome a word of `outcome`."""
+    return [[c["gate"], c["metric"], c["description"], c["value"], interval(c), threshold_text(c), outcome(c["outcome"]),
+             c["reason"]] for c in checks]
+
+
+def failed_text(v: dict[str, Any]) -> str:
+    return f"{v['failed_checks']} of {len(v['checks'])} checks failed"
+
+
+def right(flip: dict[str, Any]) -> str:
+    """Which model answered a flipped item (or trial) right."""
+    return "reference" if flip["ref_right"] else "candidate"
+
+
+def split_suites(suites: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """Gate 4's suites as (marked right or wrong, scored per document)."""
+    scores = [s for s in suites if s.get("kind") in ("mean", "loglik")]
+    return [s for s in suites if s not in scores], scores
+
+
+def lmeval_rows(suites: list[dict[str, Any]]) -> list[list[Any]]:
+    """Per lm-eval suite: the task as lm-eval ran it, lm-eval's own figure for each model and
+    qval's from the paired documents (the same number when lm-eval averages per document)."""
+    out = []
+    for s in suites:
+        m = s.get("lmeval")
+        if not m:
+            continue
+        shots, limit = m.get("num_fewshot"), m.get("limit")
+        how = f"{m.get('output_type')}, {m.get('key')}, {'?' if shots is None else shots}-shot"
+        how += "" if limit is None else f", first {limit} documents"
+        out.append([s["suite"], f"{m.get('task')} ({how})", s.get("n"), m.get("reference"), m.get("qval_reference"), m.get("candidate"), m.get("qval_candidate"),
+                    m.get("lm_eval_version")])
+    return out
+
+
+def reference_text(model: dict[str, Any]) -> str:
+    fp = str(model.get("fingerprint"))[:12]
+    if "name" not in model:
+        return f"Reference: fingerprint {fp}, not loaded in this run (every stage reused) and not described by an earlier one"
+    text = f"Reference: {model['name']} (fingerprint {fp}), computed in {model.get('compute_dtype', '?')} on {model.get('device', '?')}"
+    return text + (" (as described by the run that computed the stages; not loaded in this one)" if model.get("loaded") is False else "")
+
+
+def candidate_text(cand: dict[str, Any]) -> str:
+    return (f"Candidate: {cand.get('format')} weights, KV cache {cand.get('kv_cache')}, excluded "
+            f"{', '.join(cand.get('exclude') or []) or 'nothing'}; engine {(cand.get('engine') or {}).get('backend')}")
+
+
+def runtime_text(r: dict[str, Any]) -> str:
+    """'run took 0.04 s (every stage reused from an earlier run, which computed them in 1107 s)':
+    a fully cached run must not read as if the gates took no time."""
+    text = f"run took {r['seconds']} s"
+    stages = r.get("stages") or {}
+    reused = [st for st in stages.values() if st.get("cached")]
+    if reused:
+        earlier = sum(float(st.get("seconds") or 0.0) for st in reused)
+        which = "every stage" if len(reused) == len(stages) else f"{len(reused)} of {len(stages)} stages"
+        text += f" ({which} reused from an earlier run, which computed {'them' if len(reused) > 1 else 'it'} in {fmt(earlier)} s)"
+    return text
+
+
+def calibration_text(cal: dict[str, Any]) -> str:
+    c = cal.get("calibration", {})
+    return (f"{c.get('samples_used')} samples × {c.get('seq_len')} tokens from {c.get('dataset')}, "
+            f"{cal.get('quantizers_enabled')} quantizers enabled, {cal.get('calibration_seconds')} s.")
+
+
+def stage_rows(stages: dict[str, Any]) -> list[list[Any]]:
+    """(stage, cached yes/no, seconds) per stage of the run."""
+    return [[k, "yes" if s.get("cached") else "no", s.get("seconds")] for k, s in stages.items()]
+
+
+def versions_text(env: dict[str, Any]) -> str:
+    return ", ".join(f"{k} {v}" for k, v in env.get("versions", {}).items() if v)
+
+
+def numerics_line(d: dict[str, Any] | None) -> str | None:
+    """The GPU numerics a run used, in one line; None where nothing was set (a CPU run).
+
+    >>> numerics_line({"mode": "cpu"}) is None
+    True
+    >>> numerics_line({"mode": "on", "attention": "no-cudnn", "cublas_workspace_config": ":4096:8"})
+    'numerics: deterministic mode (attention no-cudnn, CUBLAS_WORKSPACE_CONFIG :4096:8; qval/determinism.py)'
+    """
+    if not d or d.get("mode") not in ("on", "off"):
+        return None
+    if d["mode"] == "off":
+        return "numerics: deterministic mode off (QVAL_DETERMINISTIC=0): figures may differ from run to run"
+    return (f"numerics: deterministic mode (attention {d.get('attention')}, CUBLAS_WORKSPACE_CONFIG "
+            f"{d.get('cublas_workspace_config')}; qval/determinism.py)")
