@@ -22,7 +22,6 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Sequence
 
 from .config import KVCache
-from .quantize.formats import spec_of
 
 if TYPE_CHECKING:
     import torch
@@ -37,12 +36,12 @@ def format_bits(q: Any) -> float:
     >>> format_bits(QuantConfig(format="int4_awq")), format_bits(QuantConfig(format="int4_awq", awq_block_size=64))
     (4.125, 4.25)
     """
-    return spec_of(q).bits(q)
+    return q.spec.bits(q)
 
 
 def kv_bytes_per_element(q: Any, dtype: str) -> float:
     """1 byte for an FP8 KV cache of a format that quantizes it, else the deployment dtype's."""
-    return 1 if (spec_of(q).kv_cache and q.kv_cache is KVCache.fp8) else HIGH_PRECISION_BITS[dtype] / 8
+    return 1 if (q.spec.kv_cache and q.kv_cache is KVCache.fp8) else HIGH_PRECISION_BITS[dtype] / 8
 
 
 def _excluded(name: str, patterns: list[str]) -> bool:
@@ -67,7 +66,7 @@ def model_weight_bits(model: "torch.nn.Module", cfg: Any) -> WeightBits:
 
     hp_bits = HIGH_PRECISION_BITS[cfg.model.dtype]
     qbits = format_bits(cfg.quant)
-    quantize = spec_of(cfg.quant).quantizes
+    quantize = cfg.quant.spec.quantizes
     linear_weights = {}
     for name, module in model.named_modules():
         if isinstance(module, torch.nn.Linear):

@@ -71,11 +71,6 @@ class FormatSpec:
 FORMATS: Registry[FormatSpec] = Registry("quantization format")
 
 
-def spec_of(q: Any) -> FormatSpec:
-    """The spec of a quant section's format."""
-    return FORMATS.get(q.format.value)
-
-
 def names_where(has: Callable[[FormatSpec], bool]) -> list[str]:
     """Names of the formats with a capability, in registration order (the order messages list them)."""
     return [s.name for s in FORMATS.ordered() if has(s)]
@@ -146,13 +141,3 @@ def _nvfp4(cfg: dict[str, Any], q: Settings, alpha: float | None) -> dict[str, A
 def _none(cfg: None, q: Settings, alpha: float | None) -> dict[str, Any]:
     return {"quant_cfg": [{"quantizer_name": "*", "enable": False}], "algorithm": None}
 
-
-def effective_weight_bits(q: Any) -> float:
-    """Bits per quantized weight for `q`'s format and settings (`qval.cost` builds every
-    footprint and budget on it).
-
-    >>> from qval.config import QuantConfig
-    >>> effective_weight_bits(QuantConfig(format="int4_awq")), effective_weight_bits(QuantConfig(format="int4_awq", awq_block_size=64))
-    (4.125, 4.25)
-    """
-    return spec_of(q).bits(q)

@@ -28,7 +28,7 @@ import torch
 from ..config import KVCache, QuantConfig
 from ..errors import BackendUnavailable, StageError
 from ..io import atomic_write
-from .formats import FORMATS, names_where
+from .formats import names_where
 
 KV_QUANTIZERS = "*[kv]_bmm_quantizer"
 
@@ -40,7 +40,7 @@ def build_mtq_config(q: QuantConfig, alpha: float | None = None) -> dict[str, An
     >>> cfg["quant_cfg"][-1]
     {'quantizer_name': '*[kv]_bmm_quantizer', 'enable': False}
     """
-    spec = FORMATS.get(q.format.value)
+    spec = q.spec
     cfg = copy.deepcopy(spec.adjust(preset(spec.preset) if spec.preset else None, q, alpha))
     entries: list[dict[str, Any]] = list(cfg["quant_cfg"])
     for pattern in q.exclude:
@@ -63,8 +63,7 @@ def preset(name: str) -> dict[str, Any]:
 
 
 def check_supported(q: QuantConfig, device: str) -> None:
-    spec = FORMATS.get(q.format.value)
-    if spec.needs_cuda and device != "cuda":
+    if q.spec.needs_cuda and device != "cuda":
         cpu = names_where(lambda s: s.quantizes and not s.needs_cuda)
         raise BackendUnavailable(
             f"quant.format {q.format.value} needs a CUDA GPU (ModelOpt's {q.format.value} kernels have no CPU path); "
