@@ -24,17 +24,13 @@ from .config_gates import (  # noqa: F401
 from .engines.registry import BACKENDS
 from .errors import ConfigError
 from .io import read_text_utf8
+from .quantize.formats import FORMATS, FormatSpec, names_where
 
 SCHEMA_VERSION = 1
 
 
-class QuantFormat(str, Enum):
-    fp8 = "fp8"
-    int8_sq = "int8_sq"
-    int4_awq = "int4_awq"
-    w4a8_awq = "w4a8_awq"
-    nvfp4 = "nvfp4"
-    none = "none"
+#: the registered formats (`qval.quantize.formats`), in registration order: a format is added there only
+QuantFormat = Enum("QuantFormat", [(s.name, s.name) for s in FORMATS.ordered()], type=str, module=__name__)
 
 
 class KVCache(str, Enum):
@@ -91,9 +87,15 @@ class QuantConfig(Strict):
 
     @model_validator(mode="after")
     def _alpha_only_for_sq(self) -> "QuantConfig":
-        if self.smoothquant_alpha is not None and self.format is not QuantFormat.int8_sq:
-            raise ValueError(f"smoothquant_alpha applies to format int8_sq only, not {self.format.value}")
+        if self.smoothquant_alpha is not None and not self.spec.takes_smoothquant_alpha:
+            takes = " or ".join(names_where(lambda s: s.takes_smoothquant_alpha))
+            raise ValueError(f"smoothquant_alpha applies to format {takes} only, not {self.format.value}")
         return self
+
+    @property
+    def spec(self) -> FormatSpec:
+        """What the format is and can do: everything that depends on the format asks this."""
+        return FORMATS.get(self.format.value)
 
     @property
     def alphas(self) -> list[float]:

@@ -19,7 +19,7 @@ import torch
 from . import determinism
 from . import models  # locate, pick_device, compute_dtype_for looked up at call time (tests replace models.locate)
 from .calibration import auto_batch_size, calibration_batches, calibration_samples  # noqa: F401  (re-exported)
-from .config import GateConfig, QuantFormat
+from .config import GateConfig
 from .data import dataset_identity
 from .diagnostics.stage import run_diagnostics
 from .engines.base import BuildContext
@@ -96,7 +96,7 @@ class Session:
 def calibrate(s: Session, alpha: float | None = None) -> Stage | None:
     """Run (or reuse) calibration; returns the stage whose folder holds `quant_state.pt`."""
     q = s.config.quant
-    if q.format is QuantFormat.none or not needs_calibration(s.config.engine.backend):
+    if not q.spec.quantizes or not needs_calibration(s.config.engine.backend):
         return None
     c = s.config.calibration
     stage = s.run.stage("calibrate", {
@@ -213,7 +213,7 @@ def run_gate(cfg: GateConfig, progress: Progress = SILENT, out_dir: str | None =
 def expand_alphas(cfg: GateConfig) -> list[tuple[GateConfig, float | None]]:
     """A list of SmoothQuant alphas is a sweep: one candidate per alpha, named after it."""
     q = cfg.quant
-    if q.format is not QuantFormat.int8_sq:
+    if not q.spec.takes_smoothquant_alpha:
         return [(cfg, None)]
     if not isinstance(q.smoothquant_alpha, list):
         return [(cfg, q.alphas[0])]

@@ -17,7 +17,6 @@ from typing import TYPE_CHECKING, Any, Callable, TypeVar
 
 from . import models  # its functions looked up at call time (tests replace models.locate)
 from .calibration import calibration_samples
-from .config import QuantFormat
 from .data import dataset_identity, read_texts
 from .engines.builders import check_engine, engine_identity
 from .engines.registry import needs_calibration
@@ -34,7 +33,7 @@ T = TypeVar("T")
 
 def calibrates(cfg: "GateConfig") -> bool:
     """Whether the run calibrates: a quantized format on a backend that builds from calibration."""
-    return cfg.quant.format is not QuantFormat.none and needs_calibration(cfg.engine.backend)
+    return cfg.quant.spec.quantizes and needs_calibration(cfg.engine.backend)
 
 
 def check_hardware(cfg: "GateConfig") -> None:

@@ -14,17 +14,16 @@ the smallest configuration that passes every gate. A candidate that cannot be bu
 
 from __future__ import annotations
 
-import fnmatch
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from .config import GateConfig, QuantFormat, load_config
+from .config import GateConfig, load_config
+from .cost import kv_bytes_per_element, model_weight_bits
 from .errors import ConfigError, QvalError
 from .gate_metrics import SWEEP_FIGURES
 from .io import atomic_write_json, atomic_write_text, hash_json
-from .quantize.formats import effective_weight_bits
 from .ranking import rank_key, standing, worst_drop
 
 if TYPE_CHECKING:
@@ -54,14 +53,10 @@ class Footprint:
                 "total_bytes": int(self.total_bytes)}
 
 
-def _excluded(name: str, patterns: list[str]) -> bool:
-    # the same globs build_mtq_config hands ModelOpt: on the module, or on its quantizers
-    return any(fnmatch.fnmatch(name, p) or fnmatch.fnmatch(f"{name}.weight_quantizer", p) for p in patterns)
-
-
 def footprint(cfg: GateConfig, model: "torch.nn.Module", context: int, batch: int) -> Footprint:
     """Quantized linears at the format's bits per weight, every other parameter at the deployment
-    dtype (`model.dtype` of the config: 16 bits for float16/bfloat16); tied tensors count once.
+    dtype (`model.dtype` of the config: 16 bits for float16/bfloat16); tied tensors count once
+    (`qval.cost.model_weight_bits`: over all parameters, not the fallback's linear layers only).
     KV cache: 2 (K, V) × layers × KV heads × head dim per token, 1 byte each for fp8, else the
     deployment dtype.
 
@@ -73,30 +68,13 @@ def footprint(cfg: GateConfig, model: "torch.nn.Module", context: int, batch: in
     >>> footprint(cfg, m, context=10, batch=1).to_dict()
     {'weight_bits': 8.0, 'weight_bytes': 8, 'kv_bytes_per_token': 16, 'kv_bytes': 160, 'total_bytes': 168}
     """
-    hp_bits = 32 if cfg.model.dtype == "float32" else 16
-    qbits = effective_weight_bits(cfg.quant)
-    quantize = cfg.quant.format is not QuantFormat.none
-    seen: set[int] = set()
-    bits = params = 0.0
-    linear_weights = {}
-    import torch
-
-    for name, module in model.named_modules():
-        if isinstance(module, torch.nn.Linear):
-            linear_weights[module.weight.data_ptr()] = quantize and not _excluded(name, cfg.quant.exclude)
-    for p in model.parameters():
-        if p.data_ptr() in seen:
-            continue
-        seen.add(p.data_ptr())
-        params += p.numel()
-        bits += p.numel() * (qbits if linear_weights.get(p.data_ptr(), False) else hp_bits)
+    w = model_weight_bits(model, cfg)
     c = model.config
     heads = getattr(c, "num_attention_heads", 1)
     kv_heads = getattr(c, "num_key_value_heads", None) or heads
     head_dim = getattr(c, "head_dim", None) or c.hidden_size // heads
-    kv_elem = 1 if (quantize and cfg.quant.kv_cache.value == "fp8") else hp_bits / 8
-    per_token = 2 * c.num_hidden_layers * kv_heads * head_dim * kv_elem
-    return Footprint(bits / params, bits / 8, per_token, per_token * context * batch)
+    per_token = 2 * c.num_hidden_layers * kv_heads * head_dim * kv_bytes_per_element(cfg.quant, cfg.model.dtype)
+    return Footprint(w.per_param, w.bits / 8, per_token, per_token * context * batch)
 
 
 @dataclass

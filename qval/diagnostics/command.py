@@ -22,8 +22,8 @@ from .stage import layers_csv, run_diagnostics
 def diagnose_run(cfg: Any, progress: Any, out_dir: str | None, alpha: float | None) -> tuple["Path", dict[str, Any]]:
     """`qval diagnose`: calibrate (or reuse), diagnose, rank; no gates. Writes diagnostics.json,
     layers.csv and diagnostics.html into the run folder (never report.*: that is a sign-off)."""
-    if cfg.quant.format.value == "none":
-        raise ConfigError(f"{cfg.source_file or cfg.name}: quant.format is none, so there are no quantizers to diagnose.")
+    if not cfg.quant.spec.quantizes:
+        raise ConfigError(f"{cfg.source_file or cfg.name}: quant.format is {cfg.quant.format.value}, so there are no quantizers to diagnose.")
     if not needs_calibration(cfg.engine.backend):
         raise ConfigError(f"{cfg.source_file or cfg.name}: engine backend {cfg.engine.backend!r} gates a checkpoint made "
                           f"elsewhere, with no qval calibration, so there are no quantizer scales to diagnose. "

@@ -11,7 +11,7 @@ Compressor's accuracy-aware tuning falls back op by op.
    k-th part's glob to `quant.exclude` and runs the whole gate again with that config: a new
    calibration included, because that is what `qval gate` on the written YAML will do.
 3. It stops at the first passing step, or when the budget (`max_excluded` parts, or
-   `max_effective_bits` weight bits per parameter over all linear layers) would be exceeded,
+   `max_effective_bits` weight bits per parameter over all linear layers, `qval.cost`) would be exceeded,
    or when no ranked part is left. Either way it says why, and writes the config it ended with (fallback.yaml when
    it passes, fallback-rejected.yaml when it does not) plus fallback.json with every step.
 """
@@ -25,13 +25,13 @@ from typing import Any
 import yaml
 
 from ..config import GateConfig
+from ..cost import effective_bits, kept_high
 from ..io import atomic_write_json, atomic_write_text
 from ..pipeline import RunResult, expand_alphas, run_gate
 from ..progress import SILENT, Progress
 from ..ranking import best, mean_kld, or_inf
 from ..report import schema, write_reports
 from .sensitivity import ranking_key
-from .stage import effective_bits, kept_high
 
 
 @dataclass(frozen=True)

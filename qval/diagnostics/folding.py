@@ -18,6 +18,8 @@ from typing import Any
 
 import torch
 
+from ..quantize.modelopt_adapter import quantizer_state, set_quantizer
+
 
 @dataclass
 class Folded:
@@ -28,8 +30,8 @@ class Folded:
 
 
 def foldable(quantizer: Any) -> bool:
-    return (quantizer.is_enabled and quantizer.pre_quant_scale is None and not getattr(quantizer, "rotate_is_enabled", False)
-            and getattr(quantizer, "fake_quant", True))
+    s = quantizer_state(quantizer)
+    return s.enabled and s.pre_quant_scale is None and not s.rotate and s.fake_quant
 
 
 class FoldedWeights:
@@ -47,13 +49,13 @@ class FoldedWeights:
     def __enter__(self) -> "FoldedWeights":
         for e in self.entries.values():
             e.module.weight.data = e.quantized
-            e.quantizer.disable()
+            set_quantizer(e.quantizer, enabled=False)
         return self
 
     def __exit__(self, *exc: object) -> None:
         for e in self.entries.values():
             e.module.weight.data = e.high
-            e.quantizer.enable()
+            set_quantizer(e.quantizer, enabled=True)
 
     def high(self, name: str) -> None:
         self.entries[name].module.weight.data = self.entries[name].high

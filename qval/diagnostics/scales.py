@@ -18,6 +18,7 @@ from typing import Any, Callable, Iterable
 
 import torch
 
+from ..quantize.modelopt_adapter import QuantizerState, quantizer_state
 from .folding import FoldedWeights
 from .stats import AbsStats
 
@@ -65,7 +66,7 @@ def unit_glob(unit: str) -> str:
     return f"*{unit}.*"
 
 
-def format_name(qz: Any) -> str:
+def format_name(qz: QuantizerState) -> str:
     """E4M3 / E2M1 for floats, INT8 / UINT4 … for integers."""
     bits = qz.num_bits
     if isinstance(bits, (tuple, list)):
@@ -74,7 +75,7 @@ def format_name(qz: Any) -> str:
     return f"{'U' if qz.unsigned else ''}INT{bits}"
 
 
-def granularity(qz: Any) -> str:
+def granularity(qz: QuantizerState) -> str:
     bs = qz.block_sizes
     if bs:
         sizes = ",".join(f"{k}:{v}" for k, v in bs.items() if isinstance(k, int))
@@ -86,23 +87,17 @@ def granularity(qz: Any) -> str:
     return f"per-channel axis {qz.axis}"
 
 
-def _amax(qz: Any) -> torch.Tensor | None:
-    try:
-        a = qz.amax
-    except AssertionError:  # dynamic quantizers have no fixed amax
-        return None
-    return None if a is None else a.detach().float().cpu()
+def _amax(qz: QuantizerState) -> torch.Tensor | None:
+    # None for dynamic quantizers, which have no fixed amax
+    return None if qz.amax is None else qz.amax.detach().float().cpu()
 
 
-def base_row(name: str, qz: Any) -> dict[str, Any]:
+def base_row(name: str, qz: QuantizerState) -> dict[str, Any]:
     unit, part, kind = split_name(name)
     row: dict[str, Any] = {c: None for c in COLUMNS}
     row.update(quantizer=name, unit=unit, part=part, kind=kind, format=format_name(qz), granularity=granularity(qz), flags="")
     amax = _amax(qz)
-    try:
-        maxbound: float | None = float(qz.maxbound)
-    except (TypeError, ValueError):  # formats whose grid has no single largest value (e.g. MX)
-        maxbound = None
+    maxbound = qz.maxbound  # None for grids without a single largest value (e.g. MX)
     row["maxbound"] = maxbound
     if amax is not None:
         row.update(groups=amax.numel(), amax_max=float(amax.max()), amax_mean=float(amax.mean()))
@@ -116,14 +111,14 @@ def base_row(name: str, qz: Any) -> dict[str, Any]:
     return row
 
 
-def block_size(qz: Any, x: torch.Tensor) -> int | None:
+def block_size(qz: QuantizerState, x: torch.Tensor) -> int | None:
     """The quantizer's block size along x's last axis, if it quantizes in blocks."""
     bs = qz.block_sizes or {}
     size = bs.get(-1, bs.get(x.dim() - 1))
     return int(size) if isinstance(size, int) else None
 
 
-def _effective_input(qz: Any, x: torch.Tensor) -> torch.Tensor:
+def _effective_input(qz: QuantizerState, x: torch.Tensor) -> torch.Tensor:
     """What the quantizer grid sees: the input after SmoothQuant/AWQ smoothing."""
     pqs = qz.pre_quant_scale
     return x if pqs is None else x * pqs.to(x.device, x.dtype)
@@ -139,15 +134,16 @@ def collect(model: torch.nn.Module, quantizers: Iterable[tuple[str, Any]], batch
     acc: dict[str, AbsStats] = {}
     hooks = []
     for name, qz in enabled.items():
-        rows[name] = base_row(name, qz)
+        st = quantizer_state(qz)  # read once: calibrated, its state does not change while it is measured
+        rows[name] = base_row(name, st)
         acc[name] = AbsStats()
         if rows[name]["kind"] == "weight":
             weight = model.get_submodule(name.rpartition(".")[0]).weight
             rows[name]["numel"] = weight.numel()
             q = folded.entries[name].quantized if name in folded.entries else qz(weight)
-            acc[name].add(_effective_input(qz, weight), q, _amax(qz), sample=WEIGHT_SAMPLE, block=block_size(qz, weight))
+            acc[name].add(_effective_input(st, weight), q, _amax(st), sample=WEIGHT_SAMPLE, block=block_size(st, weight))
         else:
-            hooks.append(qz.register_forward_hook(_hook(acc[name])))
+            hooks.append(qz.register_forward_hook(_hook(acc[name], st)))
     try:
         with folded:
             for i, batch in enumerate(batches):
@@ -163,11 +159,13 @@ def collect(model: torch.nn.Module, quantizers: Iterable[tuple[str, Any]], batch
     return list(rows.values())
 
 
-def _hook(stats: AbsStats) -> Callable[..., None]:
+def _hook(stats: AbsStats, st: QuantizerState) -> Callable[..., None]:
+    amax = _amax(st)
+
     def hook(module: Any, args: tuple[Any, ...], output: Any) -> None:
         x = args[0]
         if isinstance(x, torch.Tensor) and isinstance(output, torch.Tensor) and x.numel():
-            stats.add(_effective_input(module, x), output, _amax(module), sample=ACTIVATION_SAMPLE, block=block_size(module, x))
+            stats.add(_effective_input(st, x), output, amax, sample=ACTIVATION_SAMPLE, block=block_size(st, x))
 
     return hook
 

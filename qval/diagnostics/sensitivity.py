@@ -19,6 +19,7 @@ import torch
 
 from ..metrics import mean_estimate
 from ..metrics.tokens import token_stats
+from ..quantize.modelopt_adapter import set_quantizer
 from .folding import FoldedWeights
 from .scales import split_name, unit_glob
 
@@ -93,10 +94,8 @@ def _precision(names: list[str], quantizers: dict[str, Any], folded: FoldedWeigh
     for n in names:
         if n in folded.entries:
             (folded.high if high else folded.low)(n)
-        elif high:
-            quantizers[n].disable()
         else:
-            quantizers[n].enable()
+            set_quantizer(quantizers[n], enabled=not high)
 
 
 @torch.no_grad()

@@ -10,18 +10,16 @@ from __future__ import annotations
 
 import copy
 import csv
-import fnmatch
 import io
-import math
-from typing import TYPE_CHECKING, Any, Sequence
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from ..calibration import calibration_batches
+from ..cost import effective_bits, kept_high, weight_budget  # noqa: F401  (kept_high: re-exported)
 from ..data import chunk, dataset_identity, load_dataset, token_stream
 from ..errors import DataError
 from ..io import atomic_write_json, atomic_write_text, read_json
-from ..quantize.formats import effective_weight_bits
 from ..quantize.modelopt_adapter import iter_quantizers, restore_state
 from . import scales, sensitivity
 
@@ -31,58 +29,11 @@ if TYPE_CHECKING:
 #: a `qval.pipeline.Session`; not imported: the pipeline runs these stages (qval.pipeline.run_gate)
 Session = Any
 
-HIGH_PRECISION_BITS = {"float16": 16, "bfloat16": 16, "float32": 32}
-
 
 def restore_unfolded(s: "Session", calib: "Stage") -> torch.nn.Module:
     """The calibrated candidate with its weight quantizers still live (fakequant folds them)."""
     model = restore_state(copy.deepcopy(s.reference.model), calib.path / "quant_state.pt")
     return model.eval()
-
-
-def weight_budget(model: torch.nn.Module, cfg: Any) -> dict[str, Any]:
-    """Parameters of every linear layer that carries a weight quantizer: per quantized module, and
-    the total already kept in high precision. A fallback's effective bits are computed from it.
-    Embeddings are not linear layers (no format here quantizes them); a weight tied to another
-    (lm_head and the embedding in small models) counts once."""
-    modules: dict[str, int] = {}
-    high = 0
-    seen: set[int] = set()
-    for name, module in model.named_modules():
-        wq = getattr(module, "weight_quantizer", None)
-        w = getattr(module, "weight", None)
-        if wq is None or not isinstance(w, torch.Tensor) or isinstance(module, torch.nn.Embedding):
-            continue
-        if w.data_ptr() in seen:
-            continue
-        seen.add(w.data_ptr())
-        if wq.is_enabled:
-            modules[f"{name}.weight_quantizer"] = w.numel()
-        else:
-            high += w.numel()
-    return {"bits_quantized": effective_weight_bits(cfg.quant),
-            "bits_high": HIGH_PRECISION_BITS[cfg.model.dtype], "modules": modules, "high_precision_params": high}
-
-
-def kept_high(budget: dict[str, Any], excluded: Sequence[str]) -> int:
-    """Parameters of quantized modules that the exclude globs put back in high precision (globs
-    match weight-quantizer names, as ModelOpt matches them)."""
-    return sum(n for q, n in budget["modules"].items() if any(fnmatch.fnmatch(q, g) for g in excluded))
-
-
-def effective_bits(budget: dict[str, Any], excluded: Sequence[str] = ()) -> float:
-    """Weight bits per parameter over all linear layers once the `excluded` globs stay in high precision.
-
-    >>> b = {"bits_quantized": 8, "bits_high": 16, "modules": {"a.weight_quantizer": 30, "b.weight_quantizer": 10},
-    ...      "high_precision_params": 0}
-    >>> effective_bits(b), effective_bits(b, ["*b.*"])
-    (8.0, 10.0)
-    """
-    total = sum(budget["modules"].values()) + budget["high_precision_params"]
-    if total == 0:
-        return math.nan
-    high = budget["high_precision_params"] + kept_high(budget, excluded)
-    return ((total - high) * budget["bits_quantized"] + high * budget["bits_high"]) / total
 
 
 def layers_csv(rows: list[dict[str, Any]]) -> str:

@@ -14,7 +14,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from ..config import GateConfig, KVCache, QuantFormat
+from ..config import GateConfig, KVCache
 from ..errors import ConfigError, ModelError
 from ..export.formats import BY_QUANT_ALGO, KV_ALGO
 from ..export.reader import HF_QUANT_CONFIG, load_unified, read_declaration
@@ -90,7 +90,7 @@ def check_vocabulary(folder: Path, config: dict[str, Any], reference: Any) -> tu
 
 def check_declared_quant(folder: Path, cfg: GateConfig, quant_algo: str | None, kv_algo: str | None) -> None:
     """When the config names a format, the checkpoint must be that format (and KV setting)."""
-    if cfg.quant.format is QuantFormat.none:
+    if not cfg.quant.spec.quantizes:
         return  # "none": describe the candidate by what the checkpoint declares
     have = BY_QUANT_ALGO.get(quant_algo or "", quant_algo)
     if have != cfg.quant.format.value:

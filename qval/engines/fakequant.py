@@ -11,11 +11,8 @@ bit-identical when the engine is built.
 from __future__ import annotations
 
 import copy
-import contextlib
-import io
 
-from ..config import QuantFormat
-from ..quantize.modelopt_adapter import restore_state
+from ..quantize.modelopt_adapter import fold_weights, restore_state
 from . import leanfp8
 from .base import BuildContext
 from .hf import HFEngine, probe_ids
@@ -28,20 +25,18 @@ class FakeQuantEngine(HFEngine):
 def build_fakequant(ctx: BuildContext) -> FakeQuantEngine:
     model = copy.deepcopy(ctx.reference.model)
     notes = ["simulated quantization (ModelOpt fake quant): quantize-dequantize in high precision"]
-    if ctx.config.quant.format is not QuantFormat.none:
+    quantized = ctx.config.quant.spec.quantizes
+    if quantized:
         if ctx.calib_state is None:
             raise RuntimeError("fakequant needs a calibrated state; the calibrate stage did not run")
         model = restore_state(model, ctx.calib_state)
-        import modelopt.torch.quantization as mtq
-
-        with contextlib.redirect_stdout(io.StringIO()):
-            mtq.fold_weight(model)
+        fold_weights(model)
         if ctx.reference.device.startswith("cpu"):
             model.eval()
             count, why = leanfp8.install(model, probe_ids(model, 48))
             notes += leanfp8.describe(count) + ([why] if why else [])
     model.eval()
     engine = FakeQuantEngine(model, ctx.reference.tokenizer, notes=notes)
-    if ctx.config.quant.format is not QuantFormat.none:
+    if quantized:
         engine.prequantize_kv()
     return engine

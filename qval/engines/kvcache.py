@@ -42,6 +42,8 @@ from typing import Any, Iterator
 
 import torch
 
+from ..quantize.modelopt_adapter import quantizer_state
+
 
 def _growing_layer_class() -> type:
     from transformers.cache_utils import DynamicLayer
@@ -136,8 +138,8 @@ def growing_cache(kv_quantizers: dict[int, tuple[Any, Any]] | None = None) -> An
 def _static_elementwise(q: Any) -> bool:
     """A quantizer whose output for one token does not depend on the others: a calibrated
     (static) amax, no dynamic or block scaling."""
-    return (getattr(q, "amax", None) is not None and not getattr(q, "_dynamic", False)
-            and not getattr(q, "block_sizes", None))
+    s = quantizer_state(q)
+    return s.amax is not None and not s.dynamic and not s.block_sizes
 
 
 def kv_entry_quantizers(model: torch.nn.Module) -> tuple[dict[int, tuple[Any, Any]], str | None]:

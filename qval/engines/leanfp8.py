@@ -1,6 +1,6 @@
 """A lean forward for FP8 fake-quant linears on CPU: ModelOpt's arithmetic without its overhead.
 
-After `mtq.fold_weight` a FP8 linear's weights are already quantized and its weight quantizer is
+After ModelOpt's `fold_weight` a FP8 linear's weights are already quantized and its weight quantizer is
 off; what remains per call is the static per-tensor FP8 input quantizer. ModelOpt runs it through
 `TensorQuantizer.forward` → `ScaledE4M3Function` → `tensorrt::quantize_op` → `fp8_eager`: about a
 dozen small tensor ops and a Python dispatch chain around a handful of arithmetic ones. Measured on
@@ -22,6 +22,8 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from ..quantize.modelopt_adapter import quantizer_state
+
 FP8_MAX = 448.0
 
 
@@ -31,13 +33,12 @@ def _eligible(m: torch.nn.Module) -> bool:
         return False
     if wq.is_enabled or oq.is_enabled or not iq.is_enabled:  # folded weights, activations quantized
         return False
-    amax = getattr(iq, "_amax", None)
+    s = quantizer_state(iq)
     return (
-        iq._num_bits == (4, 3) and iq.fake_quant and iq._if_quant and not iq._if_calib
-        and iq.block_sizes is None and iq.pre_quant_scale is None and not iq.rotate_is_enabled
-        and getattr(iq, "backend", None) is None and iq.bias_calibrator is None
-        and not getattr(iq, "_use_constant_amax", False) and not getattr(iq, "_dynamic", False)
-        and amax is not None and amax.numel() == 1 and float(amax) > 1.0 / (1 << 24)
+        s.num_bits == (4, 3) and s.fake_quant and s.if_quant and not s.if_calib
+        and s.block_sizes is None and s.pre_quant_scale is None and not s.rotate
+        and s.backend is None and not s.bias_calibration and not s.use_constant_amax and not s.dynamic
+        and s.amax is not None and s.amax.numel() == 1 and float(s.amax) > 1.0 / (1 << 24)
     )
 
 
@@ -46,7 +47,7 @@ def _lean(m: torch.nn.Module) -> Any:
     access goes through ModelOpt's dynamic-module machinery on every call)."""
     original = m.forward
     weight, bias = m.weight, m.bias
-    amax = m.input_quantizer._amax.to(torch.float32)
+    amax = quantizer_state(m.input_quantizer).amax.to(torch.float32)
     scale = FP8_MAX / amax  # the same float32 ops as fp8_eager, done once
     scale_inv = 1 / scale
 

@@ -9,7 +9,7 @@ stored weight and runs a float GEMM: the weights are real, the arithmetic is emu
 Real GEMMs:
 - CUDA: ModelOpt's FP8 per-tensor GEMM (`torch._scaled_mm`, compute capability >= 8.9, i.e.
   Hopper/Ada). ModelOpt 0.47 does not import that backend itself (`backends/__init__.py` only
-  imports the NVFP4 one), so without the explicit import below it never runs.
+  imports the NVFP4 one), so without the explicit import (`modelopt_adapter.compress`) it never runs.
 - CPU: on request (`engine.options.cpu_fp8_gemm: scaled_mm`) qval routes FP8 linears to
   `torch._scaled_mm` itself (`install_cpu_fp8`): FP8 operands scaled exactly as on the GPU. The
   CPU has no FP8 hardware; its kernel multiplies in float32 and costs ~27 ms per call even for
@@ -21,18 +21,15 @@ Activations of layers without a real GEMM, and the KV cache, stay ModelOpt fake-
 
 from __future__ import annotations
 
-import contextlib
 import copy
-import io
 import types
 from collections import Counter
 from typing import Any
 
 import torch
 
-from ..config import QuantFormat
 from ..errors import StageError
-from ..quantize.modelopt_adapter import restore_state
+from ..quantize.modelopt_adapter import compress, quantizer_state, real_quant_weight, restore_state
 from .base import BuildContext
 from .hf import HFEngine
 from .registry import RealQuantOptions  # noqa: F401  (declared with the backend's name; re-exported here)
@@ -40,45 +37,46 @@ from .registry import RealQuantOptions  # noqa: F401  (declared with the backend
 CPU_GEMM = "qval_cpu_fp8_scaled_mm"
 
 
-def _fp8_qtensor_weight(module: torch.nn.Module) -> bool:
-    from modelopt.torch.quantization.qtensor import FP8QTensor, QTensorWrapper
-
-    w = getattr(module, "weight", None)
-    return isinstance(w, QTensorWrapper) and isinstance(w.get_qtensor(), FP8QTensor)
-
-
 def cpu_fp8_ready(module: torch.nn.Module) -> bool:
     """Per-tensor FP8 weights and a per-tensor static FP8 input scale, no pre-scaling."""
-    from modelopt.torch.quantization.nn.modules.quant_linear import RealQuantLinear
-
-    if not isinstance(module, RealQuantLinear) or not _fp8_qtensor_weight(module):
+    stored = real_quant_weight(module)
+    if stored is None or stored[1] != "fp8":
         return False
-    iq, wq = module.input_quantizer, module.weight_quantizer
-    return (iq.is_enabled and iq.num_bits == (4, 3) and iq.amax is not None and iq.amax.numel() == 1
-            and iq.block_sizes is None and getattr(iq, "_pre_quant_scale", None) is None
-            and wq.num_bits == (4, 3) and getattr(wq, "_scale", None) is not None and wq._scale.numel() == 1)
+    iq, wq = quantizer_state(module.input_quantizer), quantizer_state(module.weight_quantizer)
+    return (iq.enabled and iq.num_bits == (4, 3) and iq.amax is not None and iq.amax.numel() == 1
+            and iq.block_sizes is None and iq.stored_pre_quant_scale is None
+            and wq.num_bits == (4, 3) and wq.scale is not None and wq.scale.numel() == 1)
 
 
-def cpu_fp8_gemm(module: torch.nn.Module, input: torch.Tensor) -> torch.Tensor:
+def cpu_fp8_gemm(input: torch.Tensor, w_fp8: torch.Tensor, w_scale: torch.Tensor, x_amax: torch.Tensor,
+                 bias: torch.Tensor | None) -> torch.Tensor:
     """y = x·Wᵀ with x and W in float8_e4m3fn: x quantized with the calibrated static scale
     (amax/448, saturating), W the stored codes with their scale, through `torch._scaled_mm`."""
     fp8 = torch.finfo(torch.float8_e4m3fn)
-    w_fp8 = module.weight.get_qtensor()._quantized_data
-    scale_w = module.weight_quantizer._scale.float().reshape(())
-    scale_x = (module.input_quantizer.amax.float() / fp8.max).reshape(())
+    scale_w = w_scale.float().reshape(())
+    scale_x = (x_amax.float() / fp8.max).reshape(())
     shape = input.shape
     x = (input.reshape(-1, shape[-1]).float() / scale_x).clamp(fp8.min, fp8.max).to(torch.float8_e4m3fn)
     out = torch._scaled_mm(x, w_fp8.t(), scale_a=scale_x, scale_b=scale_w, out_dtype=torch.float32)
-    if module.bias is not None:
-        out = out + module.bias.float()
+    if bias is not None:
+        out = out + bias.float()
     return out.to(input.dtype).reshape(*shape[:-1], out.shape[-1])
 
 
-def _cpu_fp8_forward(self: torch.nn.Module, input: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
-    if input.is_cuda:  # the model was moved: ModelOpt's own dispatch applies
-        return type(self).forward(self, input, *args, **kwargs)
-    self._qval_gemm = CPU_GEMM
-    return self.output_quantizer(cpu_fp8_gemm(self, input))
+def _cpu_fp8_forward(module: torch.nn.Module) -> Any:
+    """The routed forward of one linear, its operands read once (the quantizers' state does not
+    change after compression)."""
+    w_fp8 = real_quant_weight(module)[0]  # type: ignore[index]
+    w_scale = quantizer_state(module.weight_quantizer).scale
+    x_amax = quantizer_state(module.input_quantizer).amax
+
+    def forward(self: torch.nn.Module, input: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
+        if input.is_cuda:  # the model was moved: ModelOpt's own dispatch applies
+            return type(self).forward(self, input, *args, **kwargs)
+        self._qval_gemm = CPU_GEMM
+        return self.output_quantizer(cpu_fp8_gemm(input, w_fp8, w_scale, x_amax, self.bias))
+
+    return types.MethodType(forward, module)
 
 
 def install_cpu_fp8(model: torch.nn.Module) -> int:
@@ -88,14 +86,9 @@ def install_cpu_fp8(model: torch.nn.Module) -> int:
     n = 0
     for m in model.modules():
         if cpu_fp8_ready(m):
-            m.forward = types.MethodType(_cpu_fp8_forward, m)
+            m.forward = _cpu_fp8_forward(m)
             n += 1
     return n
-
-
-def register_cuda_fp8() -> None:
-    """ModelOpt's FP8 GEMM registers itself on import, which ModelOpt never does."""
-    import modelopt.torch.quantization.backends.fp8_per_tensor_gemm  # noqa: F401
 
 
 def gemm_name(module: torch.nn.Module) -> str:
@@ -113,22 +106,16 @@ class RealQuantEngine(HFEngine):
 
     def storage(self) -> dict[str, int]:
         """Quantized linears by the dtype their weight is stored in."""
-        from modelopt.torch.quantization.nn.modules.quant_linear import RealQuantLinear
-        from modelopt.torch.quantization.qtensor import QTensorWrapper
-
         out: Counter[str] = Counter()
         for m in self.model.modules():
-            if isinstance(m, RealQuantLinear) and isinstance(m.weight, QTensorWrapper):
-                out[str(m.weight.get_qtensor()._quantized_data.dtype).removeprefix("torch.")] += 1
+            stored = real_quant_weight(m)
+            if stored is not None:
+                out[str(stored[0].dtype).removeprefix("torch.")] += 1
         return dict(out)
 
     def gemms(self) -> dict[str, int]:
         """Which GEMM each quantized linear ran (known once it has run a forward)."""
-        from modelopt.torch.quantization.nn.modules.quant_linear import RealQuantLinear
-        from modelopt.torch.quantization.qtensor import QTensorWrapper
-
-        return dict(Counter(gemm_name(m) for m in self.model.modules()
-                            if isinstance(m, RealQuantLinear) and isinstance(m.weight, QTensorWrapper)))
+        return dict(Counter(gemm_name(m) for m in self.model.modules() if real_quant_weight(m) is not None))
 
     def describe(self) -> dict[str, Any]:
         d = super().describe()
@@ -147,23 +134,17 @@ class RealQuantEngine(HFEngine):
 
 
 def check(cfg: Any) -> None:
-    if cfg.quant.format is QuantFormat.none:
-        raise StageError(f"{cfg.source_file or cfg.name}: engine realquant needs a quantized format; quant.format none has "
+    if not cfg.quant.spec.quantizes:
+        raise StageError(f"{cfg.source_file or cfg.name}: engine realquant needs a quantized format; quant.format {cfg.quant.format.value} has "
                           "nothing to compress (use engine: {backend: fakequant} for the identity check).")
 
 
 def build_realquant(ctx: BuildContext) -> RealQuantEngine:
-    import modelopt.torch.quantization as mtq
-    from modelopt.torch.quantization.backends.gemm_registry import enable_real_quant_gemm
-
     check(ctx.config)
     if ctx.calib_state is None:
         raise StageError("realquant needs a calibrated state; the calibrate stage did not run")
-    register_cuda_fp8()
     model = restore_state(copy.deepcopy(ctx.reference.model), ctx.calib_state)
-    with contextlib.redirect_stdout(io.StringIO()):
-        mtq.compress(model)
-    enable_real_quant_gemm(model)
+    compress(model)
     model.eval()
     where = "cuda" if ctx.reference.device.startswith("cuda") else "cpu"
     notes = [f"real quantization (ModelOpt mtq.compress) on {where}"]

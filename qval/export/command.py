@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from .. import pipeline  # looked up at call time, as before (tests replace pipeline.calibrate)
-from ..config import GateConfig, QuantFormat
+from ..config import GateConfig
 from ..errors import StageError
 from ..io import atomic_write_json
 from ..models import LoadedModel
@@ -23,8 +23,8 @@ def run_build(cfg: GateConfig, progress: Any, out_dir: str | None, alpha: float 
               reference: LoadedModel | None = None) -> BuildResult:
     """`qval build`: calibrate (or reuse the calibration), export, check fidelity; the fidelity
     report is also written as `<run>/build.json` beside the stages."""
-    if cfg.quant.format is QuantFormat.none:
-        raise StageError(f"{cfg.source_file}: quant.format is none; there is no quantized checkpoint to build.")
+    if not cfg.quant.spec.quantizes:
+        raise StageError(f"{cfg.source_file}: quant.format is {cfg.quant.format.value}; there is no quantized checkpoint to build.")
     s = pipeline.Session(config=cfg, run=RunDir(Path(out_dir or cfg.report.dir), cfg.name), progress=progress, _reference=reference)
     stage = pipeline.calibrate(s, alpha)
     result = build_export(cfg, s.reference, stage.path / "quant_state.pt" if stage else None, s.run.path, options, progress.log)

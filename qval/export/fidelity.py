@@ -27,8 +27,6 @@ reads the export (`engine: {backend: export}`) gates what will be deployed.
 
 from __future__ import annotations
 
-import contextlib
-import io
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -36,8 +34,9 @@ from typing import Any
 
 import torch
 
-from ..config import QuantConfig, QuantFormat
-from .formats import EXPORT_FORMATS, KV_ALGO
+from ..config import QuantConfig
+from ..quantize.modelopt_adapter import as_exported, quantizer_state  # noqa: F401  (as_exported: build.py's step, ModelOpt's)
+from .formats import EXPORTABLE, KV_ALGO, export_spec
 from .reader import HF_QUANT_CONFIG, layer_tensors, load_tensors, quantized_layer_names
 
 CLOSE = 2.0**-21  # relative: 2–4 float32 ulps
@@ -77,16 +76,6 @@ class FidelityReport:
                 "changed_at_export": self.changed_at_export, "layers": self.layers}
 
 
-def as_exported(model: torch.nn.Module) -> torch.nn.Module:
-    """Apply, in place, the step ModelOpt's exporter applies before packing (shared-input layers
-    get one pre_quant_scale and one input amax; their weights are re-quantized)."""
-    from modelopt.torch.export.unified_export_hf import requantize_resmooth_fused_llm_layers
-
-    with contextlib.redirect_stdout(io.StringIO()), torch.no_grad():
-        requantize_resmooth_fused_llm_layers(model)
-    return model
-
-
 def compare_codes(decoded: torch.Tensor, expected: torch.Tensor, weight: torch.Tensor) -> dict[str, Any]:
     """Element-wise: equal (within 2 ulp), a tie flip (the weight sits on the midpoint of the two
     values), or a mismatch.
@@ -115,7 +104,7 @@ def _close(a: torch.Tensor, b: torch.Tensor) -> bool:
 
 
 def _amax(q: Any) -> torch.Tensor | None:
-    a = getattr(q, "amax", None)
+    a = quantizer_state(q).amax
     return None if a is None else a.detach().float().cpu()
 
 
@@ -126,7 +115,7 @@ def check_declaration(folder: Path, quant: QuantConfig, report: FidelityReport) 
         return
     hq = json.loads(hq_path.read_text(encoding="utf-8")).get("quantization", {})
     qc = json.loads((folder / "config.json").read_text(encoding="utf-8")).get("quantization_config") or {}
-    want = EXPORT_FORMATS.get(quant.format.value).quant_algo
+    want = export_spec(quant.format.value).quant_algo
     ok = hq.get("quant_algo") == want and qc.get("quant_algo") == want
     report.add("declared_format", ok, f"{HF_QUANT_CONFIG} says {hq.get('quant_algo')!r}, config.json says "
                f"{qc.get('quant_algo')!r}; the config asks for {want!r} ({quant.format.value})")
@@ -146,7 +135,7 @@ def check_declaration(folder: Path, quant: QuantConfig, report: FidelityReport) 
 
 def check_kv_scales(model: torch.nn.Module, tensors: dict[str, torch.Tensor], quant: QuantConfig, report: FidelityReport) -> None:
     stored = sorted(k for k in tensors if k.endswith((".k_scale", ".v_scale")))
-    if quant.kv_cache.value == "fp16":
+    if KV_ALGO[quant.kv_cache.value] is None:
         report.add("kv_scales", not stored, f"KV cache fp16: {len(stored)} k_scale/v_scale tensors stored"
                    + (f" (first: {stored[0]})" if stored else " (correct: none)"))
         return
@@ -163,15 +152,15 @@ def check_kv_scales(model: torch.nn.Module, tensors: dict[str, torch.Tensor], qu
                 problems.append(f"{key} missing")
             elif not (torch.isfinite(t).all() and (t > 0).all()):
                 problems.append(f"{key} = {t.tolist()} is not a positive number")
-            elif not _close(t, _amax(q) / q.maxbound):
-                problems.append(f"{key} = {float(t):.6g}, calibrated amax/{q.maxbound:g} = {float(_amax(q)) / q.maxbound:.6g}")
+            elif not _close(t, _amax(q) / (bound := quantizer_state(q).maxbound)):
+                problems.append(f"{key} = {float(t):.6g}, calibrated amax/{bound:g} = {float(_amax(q)) / bound:.6g}")
     report.add("kv_scales", expected > 0 and not problems and len(stored) == expected,
                f"KV cache fp8: {expected} calibrated KV quantizers, {len(stored)} scales stored"
                + (f"; {len(problems)} problems, first: {problems[0]}" if problems else ""))
 
 
 def check_layers(model: torch.nn.Module, tensors: dict[str, torch.Tensor], quant: QuantConfig, report: FidelityReport) -> None:
-    fmt = EXPORT_FORMATS.get(quant.format.value)
+    fmt = export_spec(quant.format.value)
     calibrated = {n: m for n, m in model.named_modules()
                   if getattr(m, "weight_quantizer", None) is not None and m.weight_quantizer.is_enabled}
     stored = set(quantized_layer_names(tensors))
@@ -222,9 +211,10 @@ def check_layers(model: torch.nn.Module, tensors: dict[str, torch.Tensor], quant
 def _activation_scales(name: str, module: torch.nn.Module, t: dict[str, torch.Tensor]) -> list[str]:
     out = []
     iq = module.input_quantizer
-    if iq.is_enabled and "input_scale" in t and not _close(t["input_scale"], _amax(iq) / iq.maxbound):
-        out.append(f"{name}: input_scale {float(t['input_scale']):.6g} != calibrated amax/{iq.maxbound:g}")
-    pqs = getattr(iq, "_pre_quant_scale", None)
+    s = quantizer_state(iq)
+    if s.enabled and "input_scale" in t and not _close(t["input_scale"], _amax(iq) / s.maxbound):
+        out.append(f"{name}: input_scale {float(t['input_scale']):.6g} != calibrated amax/{s.maxbound:g}")
+    pqs = s.stored_pre_quant_scale
     if pqs is not None and ("pre_quant_scale" not in t or not _close(t["pre_quant_scale"], pqs.detach().cpu())):
         out.append(f"{name}: pre_quant_scale " + ("missing" if "pre_quant_scale" not in t else "differs from the calibrated one"))
     return out
@@ -266,7 +256,7 @@ def changes_at_export(calibrated: torch.nn.Module, exported: torch.nn.Module) ->
         what = []
         if not torch.equal(m.weight, e.weight):
             what.append("weight re-smoothed and re-quantized")
-        pa, pb = getattr(m.input_quantizer, "_pre_quant_scale", None), getattr(e.input_quantizer, "_pre_quant_scale", None)
+        pa, pb = (quantizer_state(x.input_quantizer).stored_pre_quant_scale for x in (m, e))
         if pa is not None and (pb is None or not torch.equal(pa, pb)):
             what.append("pre_quant_scale " + ("folded into the preceding norm" if pb is None else "averaged over the layers sharing its input"))
         ia, ib = _amax(m.input_quantizer), _amax(e.input_quantizer)
@@ -282,8 +272,8 @@ def check_fidelity(folder: Path, calibrated: torch.nn.Module, as_exported_model:
     """Run every check on the export in `folder`. `calibrated` is the restored calibrated
     model; `as_exported_model` a second copy passed through `as_exported`."""
     report = FidelityReport()
-    if quant.format is QuantFormat.none or quant.format.value not in EXPORT_FORMATS:
-        report.add("format_supported", False, f"qval reads back {', '.join(EXPORT_FORMATS.names())} exports; "
+    if quant.spec.export is None:
+        report.add("format_supported", False, f"qval reads back {', '.join(EXPORTABLE)} exports; "
                    f"{quant.format.value} weights cannot be verified, so this export is not verified")
         return report
     folder = Path(folder)

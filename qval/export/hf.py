@@ -11,9 +11,7 @@ end, so `<run>/export/` either holds a whole export or does not exist.
 
 from __future__ import annotations
 
-import contextlib
 import copy
-import io
 import os
 import shutil
 import time
@@ -24,7 +22,8 @@ import torch
 
 from ..errors import BackendUnavailable, StageError
 from ..io import atomic_write_json, read_json
-from ..quantize.modelopt_adapter import restore_state
+from ..quantize.modelopt_adapter import export_hf, quantizer_state, restore_state, trtllm_decoder_type
+from ..quantize.modelopt_adapter import export_trtllm as modelopt_export_trtllm
 
 if TYPE_CHECKING:
     from ..models import LoadedModel
@@ -62,7 +61,7 @@ def check_exportable(model: torch.nn.Module) -> None:
     input width is not a multiple of the block would fail deep inside the exporter."""
     for name, module in model.named_modules():
         wq = getattr(module, "weight_quantizer", None)
-        blocks = getattr(wq, "block_sizes", None) if wq is not None and wq.is_enabled else None
+        blocks = quantizer_state(wq).block_sizes if wq is not None and wq.is_enabled else None
         block = (blocks or {}).get(-1)
         width = getattr(module, "in_features", None)
         if block and width and width % block:
@@ -71,13 +70,6 @@ def check_exportable(model: torch.nn.Module) -> None:
             hint = f"set quant.awq_block_size to {divisors[0]}" if divisors else "pick a block size that divides every layer's input width"
             raise StageError(f"{name} has input width {width}, not a multiple of the block size {block}: ModelOpt cannot pack "
                              f"partial blocks into a checkpoint (gating with fakequant works, exporting does not); {hint}.")
-
-
-@contextlib.contextmanager
-def _quiet() -> Any:
-    """ModelOpt's exporters print per-layer progress to stdout."""
-    with contextlib.redirect_stdout(io.StringIO()):
-        yield
 
 
 def is_current(dest: Path, key: str) -> bool:
@@ -101,8 +93,6 @@ def export_checkpoint(
     provenance: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Export into `dest` (replaced atomically); returns what was written, for the report."""
-    from modelopt.torch.export import export_hf_checkpoint
-
     dest = Path(dest)
     partial = dest.parent / f".{dest.name}.partial"
     if partial.exists():
@@ -112,8 +102,7 @@ def export_checkpoint(
     try:
         model = calibrated_copy(reference, calib_state)
         check_exportable(model)
-        with _quiet():
-            export_hf_checkpoint(model, dtype=dtype, export_dir=partial)
+        export_hf(model, dtype, partial)
         del model
         reference.tokenizer.save_pretrained(partial)  # a deployable folder carries its tokenizer
         trt_info = export_trtllm(reference, calib_state, partial / TRTLLM_SUBDIR, dtype, tp_size) if trtllm else None
@@ -150,19 +139,14 @@ def _replace_folder(src: Path, dest: Path) -> None:
 
 def export_trtllm(reference: "LoadedModel", calib_state: Path, folder: Path, dtype: torch.dtype, tp_size: int) -> dict[str, Any]:
     """ModelOpt's TensorRT-LLM checkpoint (config.json + rank<i>.safetensors per tensor-parallel rank)."""
-    from modelopt.torch.export import export_tensorrt_llm_checkpoint
-    from modelopt.torch.export.model_utils import get_model_type
-
     model = calibrated_copy(reference, calib_state)
-    decoder = get_model_type(model)
+    decoder = trtllm_decoder_type(model)
     if decoder is None:
         raise BackendUnavailable(f"ModelOpt cannot export {type(model).__name__} to a TensorRT-LLM checkpoint "
                                  f"(no decoder type for it); use the unified HF export only (engine.options.trtllm_checkpoint: false).")
     export_dtype_ = torch.float16 if dtype == torch.float32 else dtype  # TensorRT-LLM engines do not run in float32
     try:
-        with _quiet():
-            export_tensorrt_llm_checkpoint(model, decoder, dtype=export_dtype_, export_dir=folder,
-                                           inference_tensor_parallel=tp_size)
+        modelopt_export_trtllm(model, decoder, export_dtype_, folder, tp_size)
     except Exception as err:  # ModelOpt raises many kinds for unsupported layers
         raise StageError(f"ModelOpt's TensorRT-LLM checkpoint export failed for {type(model).__name__}: "
                          f"{type(err).__name__}: {err}") from None

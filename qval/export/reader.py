@@ -10,8 +10,6 @@ model is what the export itself changed — which is what gating an export shoul
 
 from __future__ import annotations
 
-import contextlib
-import io
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -22,8 +20,9 @@ import torch
 from ..config import KVCache, QuantConfig
 from ..errors import ModelError
 from ..models import check_safetensors
-from ..quantize.modelopt_adapter import build_mtq_config
-from .formats import BY_QUANT_ALGO, EXPORT_FORMATS, ExportFormat
+from ..quantize.formats import FORMATS, FormatSpec
+from ..quantize.modelopt_adapter import insert_quantizers, set_quantizer
+from .formats import BY_QUANT_ALGO
 
 HF_QUANT_CONFIG = "hf_quant_config.json"
 
@@ -41,14 +40,14 @@ class UnifiedCheckpoint:
     quantized_layers: list[str] = field(default_factory=list)
 
     @property
-    def format(self) -> ExportFormat | None:
+    def format(self) -> FormatSpec | None:
         if self.quant_algo is None:
             return None
         name = BY_QUANT_ALGO.get(self.quant_algo)
         if name is None:
             raise ModelError(f"{self.folder / HF_QUANT_CONFIG}: quant_algo {self.quant_algo!r} is not one qval can read "
                              f"(readable: {', '.join(sorted(BY_QUANT_ALGO))}).")
-        return EXPORT_FORMATS.get(name)
+        return FORMATS.get(name)
 
 
 def read_declaration(folder: Path) -> UnifiedCheckpoint:
@@ -102,7 +101,8 @@ def dequantized_state(decl: UnifiedCheckpoint, tensors: dict[str, torch.Tensor],
         if not k.endswith(scale_suffixes):
             state[k] = v.to(dtype) if v.is_floating_point() and v.element_size() > 1 else v
     for layer in layers:
-        state[f"{layer}.weight"] = fmt.decode(layer_tensors(tensors, layer), decl.block_size).to(dtype)
+        state[f"{layer}.weight"] = fmt.export.decode(  # type: ignore[union-attr]  (read formats all export)
+            layer_tensors(tensors, layer), decl.block_size).to(dtype)
     return state
 
 
@@ -133,22 +133,18 @@ def build_model(decl: UnifiedCheckpoint, state: dict[str, torch.Tensor], dtype: 
 
 def attach_quantizers(model: torch.nn.Module, decl: UnifiedCheckpoint, tensors: dict[str, torch.Tensor]) -> dict[str, int]:
     """Put back what the deployment does to activations and the KV cache, from stored scales."""
-    import modelopt.torch.quantization as mtq
-
     fmt = decl.format
     if fmt is None and decl.kv_cache_algo is None:
         return {"quantized_layers": 0, "kv_quantized_layers": 0}
     kv = KVCache.fp8 if decl.kv_cache_algo == "FP8" else KVCache.fp16
-    cfg = build_mtq_config(QuantConfig(format=fmt.qval_format if fmt else "fp8", kv_cache=kv, exclude=[]))
-    cfg["algorithm"] = None  # nothing is calibrated here: every scale comes from the files
-    with contextlib.redirect_stdout(io.StringIO()):
-        mtq.quantize(model, cfg, forward_loop=None)
+    # a KV-only checkpoint takes fp8's quantizers: only its KV quantizers are switched on below
+    insert_quantizers(model, QuantConfig(format=fmt.name if fmt else "fp8", kv_cache=kv, exclude=[]))
     quantized = set(quantized_layer_names(tensors)) if fmt else set()
     counts = {"quantized_layers": 0, "kv_quantized_layers": 0}
     for name, module in model.named_modules():
         wq, iq = getattr(module, "weight_quantizer", None), getattr(module, "input_quantizer", None)
         if wq is not None:
-            wq.disable()  # the weights are already the decoded low-precision values
+            set_quantizer(wq, enabled=False)  # the weights are already the decoded low-precision values
             if iq is not None:
                 _set_input(iq, name in quantized, layer_tensors(tensors, name), fmt)
             counts["quantized_layers"] += name in quantized
@@ -158,25 +154,23 @@ def attach_quantizers(model: torch.nn.Module, decl: UnifiedCheckpoint, tensors: 
                 continue
             scale = tensors.get(f"{name}.{which}_proj.{which}_scale")
             if scale is not None and decl.kv_cache_algo is not None:
-                q.amax = scale.float().reshape(()) * q.maxbound
-                q.enable()
+                set_quantizer(q, scale=scale.float().reshape(()), enabled=True)
                 counts["kv_quantized_layers"] += which == "k"
             else:
-                q.disable()
+                set_quantizer(q, enabled=False)
     return counts
 
 
-def _set_input(iq: Any, quantized: bool, t: dict[str, torch.Tensor], fmt: ExportFormat | None) -> None:
+def _set_input(iq: Any, quantized: bool, t: dict[str, torch.Tensor], fmt: FormatSpec | None) -> None:
     if not quantized:
-        iq.disable()
+        set_quantizer(iq, enabled=False)
         return
     if "pre_quant_scale" in t:
-        iq.pre_quant_scale = t["pre_quant_scale"].float()
-    if fmt is not None and fmt.static_activations and "input_scale" in t:
-        iq.amax = t["input_scale"].float().reshape(()) * iq.maxbound
-        iq.enable()
+        set_quantizer(iq, pre_quant_scale=t["pre_quant_scale"].float())
+    if fmt is not None and fmt.export.static_activations and "input_scale" in t:  # type: ignore[union-attr]
+        set_quantizer(iq, scale=t["input_scale"].float().reshape(()), enabled=True)
     else:
-        iq.disable()  # weight-only formats: activations stay in high precision (pre_quant_scale still applies)
+        set_quantizer(iq, enabled=False)  # weight-only formats: activations stay in high precision (pre_quant_scale still applies)
 
 
 def load_unified(folder: Path, dtype: torch.dtype, device: str, trust_remote_code: bool = False) -> tuple[torch.nn.Module, dict[str, Any]]:

@@ -1,18 +1,47 @@
-"""Quantization formats: each registers how it maps onto a ModelOpt config.
+"""Quantization formats: one `FormatSpec` per format, the only place a format's name means anything.
 
-Adding a format is one decorated function here; nothing else dispatches on format names.
-The ModelOpt configs are the library's own presets (FP8_DEFAULT_CFG, INT8_SMOOTHQUANT_CFG, …),
-copied and then adjusted, so qval calibrates exactly what ModelOpt's examples calibrate.
+A spec carries everything qval asks about a format: whether it quantizes at all, which settings it
+takes, whether it can quantize the KV cache, the hardware it needs, its bits per weight, the
+ModelOpt preset it starts from, and how ModelOpt exports it (the decoder that reads its weights
+back). Everything else asks the spec; adding a format is one decorated function here.
+
+This module imports neither torch, ModelOpt nor the config (the config builds its format enum
+from `FORMATS`); the ModelOpt presets are copied by `modelopt_adapter`, so qval calibrates
+exactly what ModelOpt's examples calibrate.
 """
 
 from __future__ import annotations
 
-import copy
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Callable, Protocol
 
-from ..config import QuantConfig, QuantFormat
+from ..export import codecs
 from ..registry import Registry
+
+
+class Settings(Protocol):
+    """The part of the config's quant section a format's builder and bits read."""
+
+    awq_block_size: int
+
+
+@dataclass(frozen=True)
+class ExportSpec:
+    """How ModelOpt's unified HF checkpoint stores a format, and how qval reads its weights back."""
+
+    quant_algo: str  # hf_quant_config.json "quantization.quant_algo"
+    weight_dtype_name: str  # torch dtype of the stored `<layer>.weight`
+    required: tuple[str, ...]  # tensors besides `weight` that every quantized layer needs
+    #: (`weight`, `weight_scale`, …) of one layer, block size -> dequantized float32 weight
+    decode: Callable[[codecs.Tensors, int | None], Any]
+    #: the checkpoint stores an activation scale per layer (static activation quantization)
+    static_activations: bool
+
+    @property
+    def weight_dtype(self) -> Any:
+        import torch
+
+        return getattr(torch, self.weight_dtype_name)
 
 
 @dataclass(frozen=True)
@@ -21,14 +50,20 @@ class FormatSpec:
 
     name: str
     #: stored bits per quantized weight, scales included: a figure, or a function of the settings
-    weight_bits: float | Callable[[QuantConfig], float]
+    weight_bits: float | Callable[[Settings], float]
     activation_bits: int | None  # None: activations stay in high precision
     needs_cuda: bool
-    #: (QuantConfig, smoothquant alpha) -> ModelOpt config dict, before excludes and KV cache
-    make: Callable[[QuantConfig, float | None], dict[str, Any]]
+    #: ModelOpt's preset (a `modelopt.torch.quantization` attribute) the config starts from; None: no preset
+    preset: str | None
+    #: (a copy of the preset, settings, smoothquant alpha) -> ModelOpt config, before excludes and KV cache
+    adjust: Callable[[dict[str, Any] | None, Settings, float | None], dict[str, Any]]
+    quantizes: bool = True  # False for `none`: the reference itself, nothing calibrated
     calibrated_activations: bool = True
+    takes_smoothquant_alpha: bool = False
+    kv_cache: bool = True  # `kv_cache: fp8` quantizes the KV cache (False: the setting has no effect)
+    export: ExportSpec | None = None  # None: qval cannot export it and read it back
 
-    def bits(self, q: QuantConfig) -> float:
+    def bits(self, q: Settings) -> float:
         """Stored bits per quantized weight for these settings, scales included."""
         return self.weight_bits(q) if callable(self.weight_bits) else self.weight_bits
 
@@ -36,10 +71,9 @@ class FormatSpec:
 FORMATS: Registry[FormatSpec] = Registry("quantization format")
 
 
-def _preset(name: str) -> dict[str, Any]:
-    import modelopt.torch.quantization as mtq
-
-    return copy.deepcopy(getattr(mtq, name))
+def names_where(has: Callable[[FormatSpec], bool]) -> list[str]:
+    """Names of the formats with a capability, in registration order (the order messages list them)."""
+    return [s.name for s in FORMATS.ordered() if has(s)]
 
 
 def _set_block_size(cfg: dict[str, Any], block: int) -> dict[str, Any]:
@@ -54,57 +88,56 @@ def _set_block_size(cfg: dict[str, Any], block: int) -> dict[str, Any]:
     return cfg
 
 
-def _awq_bits(q: QuantConfig) -> float:
+def _awq_bits(q: Settings) -> float:
     # 4-bit weights in blocks of `awq_block_size` with one 16-bit scale per block (4.125 at 128)
     return 4 + 16 / q.awq_block_size
 
 
-def register_format(spec_name: str, **kw: Any) -> Callable[[Callable], Callable]:
-    def deco(make: Callable[[QuantConfig, float | None], dict[str, Any]]) -> Callable:
-        FORMATS.register(spec_name)(FormatSpec(name=spec_name, make=make, **kw))
-        return make
+def register_format(name: str, **kw: Any) -> Callable[[Callable], Callable]:
+    def deco(adjust: Callable[[dict[str, Any] | None, Settings, float | None], dict[str, Any]]) -> Callable:
+        FORMATS.register(name)(FormatSpec(name=name, adjust=adjust, **kw))
+        return adjust
 
     return deco
 
 
-@register_format(QuantFormat.fp8.value, weight_bits=8, activation_bits=8, needs_cuda=False)
-def _fp8(q: QuantConfig, alpha: float | None) -> dict[str, Any]:
-    return _preset("FP8_DEFAULT_CFG")  # per-tensor E4M3 weights and activations, max calibration
+FP8_EXPORT = ExportSpec("FP8", "float8_e4m3fn", ("weight_scale", "input_scale"), codecs.decode_fp8, True)
+INT8_EXPORT = ExportSpec("W8A8_SQ_PER_CHANNEL", "int8", ("weight_scale", "input_scale"), codecs.decode_int8, True)
+INT4_EXPORT = ExportSpec("W4A16_AWQ", "uint8", ("weight_scale",), codecs.decode_int4_blocks, False)
 
 
-@register_format(QuantFormat.int8_sq.value, weight_bits=8, activation_bits=8, needs_cuda=False)
-def _int8_sq(q: QuantConfig, alpha: float | None) -> dict[str, Any]:
-    cfg = _preset("INT8_SMOOTHQUANT_CFG")  # per-channel INT8 weights, per-tensor INT8 activations
+@register_format("fp8", weight_bits=8, activation_bits=8, needs_cuda=False, preset="FP8_DEFAULT_CFG", export=FP8_EXPORT)
+def _fp8(cfg: dict[str, Any], q: Settings, alpha: float | None) -> dict[str, Any]:
+    return cfg  # per-tensor E4M3 weights and activations, max calibration
+
+
+@register_format("int8_sq", weight_bits=8, activation_bits=8, needs_cuda=False, preset="INT8_SMOOTHQUANT_CFG",
+                 takes_smoothquant_alpha=True, export=INT8_EXPORT)
+def _int8_sq(cfg: dict[str, Any], q: Settings, alpha: float | None) -> dict[str, Any]:
+    # per-channel INT8 weights, per-tensor INT8 activations
     cfg["algorithm"] = {"method": "smoothquant", "alpha": 0.5 if alpha is None else alpha}
     return cfg
 
 
-@register_format(QuantFormat.int4_awq.value, weight_bits=_awq_bits, activation_bits=None, needs_cuda=False)
-def _int4_awq(q: QuantConfig, alpha: float | None) -> dict[str, Any]:
+@register_format("int4_awq", weight_bits=_awq_bits, activation_bits=None, needs_cuda=False, preset="INT4_AWQ_CFG",
+                 export=INT4_EXPORT)
+def _int4_awq(cfg: dict[str, Any], q: Settings, alpha: float | None) -> dict[str, Any]:
     # 4-bit weights in blocks of `awq_block_size` with a 16-bit scale per block: 4 + 16/128 bits
-    return _set_block_size(_preset("INT4_AWQ_CFG"), q.awq_block_size)
+    return _set_block_size(cfg, q.awq_block_size)
 
 
-@register_format(QuantFormat.w4a8_awq.value, weight_bits=_awq_bits, activation_bits=8, needs_cuda=False)
-def _w4a8_awq(q: QuantConfig, alpha: float | None) -> dict[str, Any]:
-    return _set_block_size(_preset("W4A8_AWQ_BETA_CFG"), q.awq_block_size)
+@register_format("w4a8_awq", weight_bits=_awq_bits, activation_bits=8, needs_cuda=False, preset="W4A8_AWQ_BETA_CFG")
+def _w4a8_awq(cfg: dict[str, Any], q: Settings, alpha: float | None) -> dict[str, Any]:
+    return _set_block_size(cfg, q.awq_block_size)
 
 
-@register_format(QuantFormat.nvfp4.value, weight_bits=4.5, activation_bits=4, needs_cuda=True)
-def _nvfp4(q: QuantConfig, alpha: float | None) -> dict[str, Any]:
-    return _preset("NVFP4_DEFAULT_CFG")  # E2M1 in blocks of 16 with an E4M3 scale per block
+@register_format("nvfp4", weight_bits=4.5, activation_bits=4, needs_cuda=True, preset="NVFP4_DEFAULT_CFG")
+def _nvfp4(cfg: dict[str, Any], q: Settings, alpha: float | None) -> dict[str, Any]:
+    return cfg  # E2M1 in blocks of 16 with an E4M3 scale per block
 
 
-@register_format(QuantFormat.none.value, weight_bits=16, activation_bits=None, needs_cuda=False, calibrated_activations=False)
-def _none(q: QuantConfig, alpha: float | None) -> dict[str, Any]:
+@register_format("none", weight_bits=16, activation_bits=None, needs_cuda=False, preset=None, quantizes=False,
+                 calibrated_activations=False, kv_cache=False)
+def _none(cfg: None, q: Settings, alpha: float | None) -> dict[str, Any]:
     return {"quant_cfg": [{"quantizer_name": "*", "enable": False}], "algorithm": None}
 
-
-def effective_weight_bits(q: QuantConfig) -> float:
-    """Bits per quantized weight for `q`'s format and settings: the one figure the sweep's
-    footprint, the fallback's budget and the report use.
-
-    >>> effective_weight_bits(QuantConfig(format="int4_awq")), effective_weight_bits(QuantConfig(format="int4_awq", awq_block_size=64))
-    (4.125, 4.25)
-    """
-    return FORMATS.get(q.format.value).bits(q)

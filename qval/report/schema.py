@@ -7,7 +7,7 @@ from __future__ import annotations
 from datetime import datetime, timezone
 from typing import Any
 
-from ..config import GateConfig, QuantFormat
+from ..config import GateConfig
 from ..data import dataset_identity
 from ..gates import GATES
 from ..io import hash_json
@@ -26,7 +26,7 @@ def now() -> str:
 def data_identities(cfg: GateConfig) -> dict[str, Any]:
     """Every data set the run read, with its content hash."""
     out: dict[str, Any] = {}
-    if cfg.quant.format is not QuantFormat.none:
+    if cfg.quant.spec.quantizes:
         out["calibration"] = dataset_identity(cfg.calibration.dataset, cfg.resolve(cfg.calibration.dataset))
     for spec in GATES.ordered():
         if spec.enabled(cfg):

@@ -104,12 +104,12 @@ def planted(tmp_path_factory, default_model):
     mp.setattr(pipeline, "load_model", lambda cfg: default_model)
     spec = FORMATS.get("int4_awq")
 
-    def fewer_alphas(q, alpha):  # AWQ-lite tries 11 strengths per layer; 3 are enough for a test
-        cfg = spec.make(q, alpha)
+    def fewer_alphas(preset, q, alpha):  # AWQ-lite tries 11 strengths per layer; 3 are enough for a test
+        cfg = spec.adjust(preset, q, alpha)
         cfg["algorithm"] = {**cfg["algorithm"], "alpha_step": 0.5}
         return cfg
 
-    mp.setitem(FORMATS._items, "int4_awq", dataclasses.replace(spec, make=fewer_alphas))
+    mp.setitem(FORMATS._items, "int4_awq", dataclasses.replace(spec, adjust=fewer_alphas))
     real = adapter.quantize
 
     def faulty(model, q, batches, device, alpha=None, on_batch=None):

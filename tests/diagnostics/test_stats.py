@@ -161,8 +161,9 @@ def test_partial_blocks_as_modelopt_pads_them():
     # 2 blocks in 6 columns: the count alone reads 3 + 3, which is why collect() passes the block size
     assert amax_per_element(x, q.amax)[0].tolist() == [2.0, 2.0, 2.0, 3.0, 3.0, 3.0]
     from qval.diagnostics.scales import block_size
+    from qval.quantize.modelopt_adapter import quantizer_state
 
-    assert block_size(q, x) == 4
+    assert block_size(quantizer_state(q), x) == 4
     a = amax_per_element(x, q.amax, block=4)
     assert a.tolist() == [[2.0, 2.0, 2.0, 2.0, 3.0, 3.0], [0.0, 0.0, 0.0, 0.0, 4.0, 4.0]]
     assert range_utilization(x, q.amax, block=4) == pytest.approx(1.0)  # the zero block is left out, not a NaN

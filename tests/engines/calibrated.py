@@ -42,12 +42,12 @@ def fewer_awq_alphas() -> Iterator[None]:
 
     spec = FORMATS.get("int4_awq")
 
-    def make(q: Any, alpha: Any) -> dict[str, Any]:
-        cfg = spec.make(q, alpha)
+    def adjust(preset: Any, q: Any, alpha: Any) -> dict[str, Any]:
+        cfg = spec.adjust(preset, q, alpha)
         cfg["algorithm"] = {**cfg["algorithm"], "alpha_step": 0.5}
         return cfg
 
-    FORMATS._items["int4_awq"] = dataclasses.replace(spec, make=make)
+    FORMATS._items["int4_awq"] = dataclasses.replace(spec, adjust=adjust)
     try:
         yield
     finally:

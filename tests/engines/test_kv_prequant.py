@@ -5,8 +5,6 @@ generation; the build-time self-check must refuse an entry quantization that is 
 
 from __future__ import annotations
 
-import types
-
 import pytest
 import torch
 
@@ -78,10 +76,21 @@ def test_self_check_refuses_an_entry_quantization_that_differs(default_model, tm
 
 
 def test_only_static_element_wise_quantizers_move():
+    from modelopt.torch.quantization.nn import TensorQuantizer
+
     from qval.engines.kvcache import kv_entry_quantizers
 
     def quantizer(amax=1.0, enabled=True, dynamic=False, block_sizes=None):
-        return types.SimpleNamespace(is_enabled=enabled, amax=amax, _dynamic=dynamic, block_sizes=block_sizes)
+        q = TensorQuantizer()
+        if amax is not None:
+            q.amax = torch.tensor(amax)
+        if dynamic:
+            q._dynamic = True
+        if block_sizes:
+            q.block_sizes = block_sizes
+        if not enabled:
+            q.disable()
+        return q
 
     def attention(idx, k, v):
         m = torch.nn.Module()

@@ -11,19 +11,13 @@ from tests.engines.calibrated import build_context, calibrated_state, gate_confi
 
 def test_cpu_fp8_gemm_agrees_with_dequantized_matmul():
     """The same FP8 operands multiplied by torch._scaled_mm and by a plain float32 matmul."""
-    import types
-
     from qval.engines.realquant import cpu_fp8_gemm
 
     torch.manual_seed(0)
     x, w = torch.randn(3, 5, 32), torch.randn(16, 32)
     sw, sx = w.abs().max() / 448, x.abs().max() / 448
     w8 = (w / sw).to(torch.float8_e4m3fn)
-    qt = types.SimpleNamespace(_quantized_data=w8)
-    module = types.SimpleNamespace(
-        weight=types.SimpleNamespace(get_qtensor=lambda: qt), bias=torch.ones(16),
-        weight_quantizer=types.SimpleNamespace(_scale=sw), input_quantizer=types.SimpleNamespace(amax=x.abs().max()))
-    out = cpu_fp8_gemm(module, x)
+    out = cpu_fp8_gemm(x, w8, sw, x.abs().max(), torch.ones(16))
     x8 = (x / sx).clamp(-448, 448).to(torch.float8_e4m3fn)
     ref = (x8.float() * sx) @ (w8.float() * sw).t() + 1
     assert out.shape == (3, 5, 16)

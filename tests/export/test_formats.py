@@ -6,7 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from qval.export.formats import BY_QUANT_ALGO, EXPORT_FORMATS, decode_fp8, decode_int4_blocks, decode_int8, unpack_int4
+from qval.export.codecs import decode_fp8, decode_int4_blocks, decode_int8, unpack_int4
+from qval.export.formats import BY_QUANT_ALGO, export_spec
 
 
 def test_unpack_int4_by_hand():
@@ -59,4 +60,4 @@ def test_int8_per_channel_by_hand():
 
 def test_format_names_are_modelopts():
     assert BY_QUANT_ALGO == {"FP8": "fp8", "W8A8_SQ_PER_CHANNEL": "int8_sq", "W4A16_AWQ": "int4_awq"}
-    assert EXPORT_FORMATS.get("int4_awq").weight_dtype == torch.uint8
+    assert export_spec("int4_awq").weight_dtype == torch.uint8

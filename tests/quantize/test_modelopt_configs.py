@@ -69,12 +69,12 @@ def test_bits_per_weight_follow_the_settings_and_every_consumer_asks_the_format(
     import torch
 
     from qval.config import GateConfig
-    from qval.quantize.formats import effective_weight_bits
+    from qval.cost import format_bits
     from qval.sweep import footprint
 
-    bits = {f.value: effective_weight_bits(QuantConfig(format=f.value)) for f in QuantFormat}
+    bits = {f.value: format_bits(QuantConfig(format=f.value)) for f in QuantFormat}
     assert bits == {"fp8": 8, "int8_sq": 8, "int4_awq": 4.125, "w4a8_awq": 4.125, "nvfp4": 4.5, "none": 16}
-    assert effective_weight_bits(QuantConfig(format="w4a8_awq", awq_block_size=32)) == 4.5
+    assert format_bits(QuantConfig(format="w4a8_awq", awq_block_size=32)) == 4.5
 
     m = torch.nn.Sequential(torch.nn.Linear(64, 2, bias=False))
     m.config = type("C", (), {"num_hidden_layers": 1, "num_attention_heads": 1, "hidden_size": 64})()
