@@ -648,7 +648,7 @@ def test_rolling_log_likelihood_and_generate_until_match_hflm(default_model):
         _wrapper(default_model).generate_until(sampled)
 
 
-from .test_tasks import _damaged  # noqa: E402 — one damaged layer, the same as gate 4's own test
+from ..gates.test_tasks import _damaged  # noqa: E402 — one damaged layer, the same as gate 4's own test
 
 
 @pytest.mark.slow
