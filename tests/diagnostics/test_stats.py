@@ -145,17 +145,10 @@ def test_quantile_counts_zeros():
 def test_partial_blocks_as_modelopt_pads_them():
     """576 columns in blocks of 128 are 5 blocks, the last one of 64; here 6 columns in blocks of
     4: ModelOpt's calibrated amax has 2 values per row, and every figure must line up with it."""
-    from modelopt.torch.quantization.config import QuantizerAttributeConfig
-    from modelopt.torch.quantization.nn import TensorQuantizer
+    from ..quantize.quantizers import calibrated
 
     x = torch.tensor([[1.0, -2.0, 0.5, 0.25, 3.0, 0.1], [0.0, 0.0, 0.0, 0.0, -4.0, 2.0]])
-    q = TensorQuantizer(QuantizerAttributeConfig(num_bits=4, block_sizes={-1: 4}))
-    q.enable_calib()
-    q.disable_quant()
-    q(x)
-    q.load_calib_amax()
-    q.disable_calib()
-    q.enable_quant()
+    q = calibrated(x, num_bits=4, block_sizes={-1: 4})
     assert q.amax.numel() == 4  # 2 rows × (4 + 2 columns)
     assert q.amax.reshape(-1).tolist() == [2.0, 3.0, 0.0, 4.0]  # an all-zero block has amax 0
     # 2 blocks in 6 columns: the count alone reads 3 + 3, which is why collect() passes the block size

@@ -11,27 +11,14 @@ import torch
 
 from qval.quantize.modelopt_adapter import compress, quantizer_state, set_quantizer
 
+from .quantizers import calibrated
+
 QVAL = Path(__file__).resolve().parents[2] / "qval"
 ADAPTER = QVAL / "quantize" / "modelopt_adapter.py"
 
 #: every private TensorQuantizer attribute the accessor reads (ModelOpt 0.47)
 PRIVATE = ("_amax", "_num_bits", "_unsigned", "_axis", "_block_sizes", "_fake_quant", "_if_quant", "_if_calib",
            "_use_constant_amax", "_dynamic", "_pre_quant_scale", "_scale")
-
-
-def calibrated(x: torch.Tensor, **attrs):
-    """A TensorQuantizer calibrated on `x` (max calibration), as mtq.quantize leaves one."""
-    from modelopt.torch.quantization.config import QuantizerAttributeConfig
-    from modelopt.torch.quantization.nn import TensorQuantizer
-
-    q = TensorQuantizer(QuantizerAttributeConfig(**attrs))
-    q.enable_calib()
-    q.disable_quant()
-    q(x)
-    q.load_calib_amax()
-    q.disable_calib()
-    q.enable_quant()
-    return q
 
 
 def test_private_names_exist():
