@@ -69,7 +69,7 @@ class Metric:
     hi: float | None = None
     integer: bool = False  # the limit counts prompts
     on: Literal["value", "lo", "hi"] = "value"  # the end of the figure's interval an absolute limit is met by
-    sweep: bool = False  # a column of `qval sweep`'s table (the whole-run figure `key`)
+    sweep: str | None = None  # the header of its column in `qval sweep`'s table (the whole-run figure `key`); None: none
     #: how a sized limit is sized (gate 3); None where the gate sizes it itself (gate 2: paired log PPL,
     #: BLEU/chrF per language) or takes absolute limits only
     sizing: Spread | Rate | None = None
@@ -110,14 +110,14 @@ def _eos_allowed(section: Any) -> bool:
 
 
 AGREEMENT = GateMetrics("agreement", (
-    Metric("top1", "min_top1", "min", "top-1 agreement with the reference (teacher-forced)", hi=1.0, sweep=True),
-    Metric("mean_kld", "max_mean_kld", "max", "mean KLD(ref‖cand) per scored token, nats", sweep=True),
-    Metric("p99_kld", "max_p99_kld", "max", "99th percentile of per-token KLD, nats", sweep=True),
+    Metric("top1", "min_top1", "min", "top-1 agreement with the reference (teacher-forced)", hi=1.0, sweep="top-1"),
+    Metric("mean_kld", "max_mean_kld", "max", "mean KLD(ref‖cand) per scored token, nats", sweep="mean KLD"),
+    Metric("p99_kld", "max_p99_kld", "max", "99th percentile of per-token KLD, nats", sweep="p99 KLD"),
 ))
 
 QUALITY = GateMetrics("quality", (
     # a ratio limit below 1 would demand a candidate better than the reference
-    Metric("ppl_ratio", "max_ppl_ratio", "max", "PPL_cand / PPL_ref over the scored positions", EITHER, lo=1.0, sweep=True),
+    Metric("ppl_ratio", "max_ppl_ratio", "max", "PPL_cand / PPL_ref over the scored positions", EITHER, lo=1.0, sweep="PPL ratio"),
     # per language: {per} is " on the <lang> prompts, points"
     Metric("bleu_drop", "max_bleu_drop", "max", "reference BLEU − candidate BLEU{per}", EITHER, hi=100.0),
     Metric("chrf_drop", "max_chrf_drop", "max", "reference chrF − candidate chrF{per}", EITHER, hi=100.0),
@@ -130,7 +130,7 @@ LONGGEN = GateMetrics("longgen", (
     Metric("late_top1", "min_late_top1", "min",
            "top-1 agreement on the reference's continuation, last `edge` positions", hi=1.0, on="lo"),
     Metric("late_kld", "max_late_kld", "max",
-           "mean KLD(ref‖cand) on the reference's continuation, last `edge` positions, nats", on="hi", sweep=True),
+           "mean KLD(ref‖cand) on the reference's continuation, last `edge` positions, nats", on="hi", sweep="late KLD"),
     Metric("late_drift", "max_late_drift", "max",
            "late mean KLD − early mean KLD, nats (error that accumulates with context)", on="hi"),
     Metric("seq_rep4_excess", "max_seq_rep4_excess", "max",
@@ -149,7 +149,7 @@ LONGGEN = GateMetrics("longgen", (
 
 DEPTH = GateMetrics("depth", (  # every limit applies to every depth bucket: `{metric}@{bucket}`
     Metric("top1", "min_top1", "min", "top-1 agreement {where} (teacher-forced)", hi=1.0),
-    Metric("mean_kld", "max_mean_kld", "max", "mean KLD(ref‖cand) {where}, nats", sweep=True),
+    Metric("mean_kld", "max_mean_kld", "max", "mean KLD(ref‖cand) {where}, nats", sweep="depth mean KLD"),
     Metric("p99_kld", "max_p99_kld", "max", "99th percentile of per-token KLD {where}, nats"),
 ))
 
@@ -159,7 +159,7 @@ RETRIEVAL = GateMetrics("retrieval", (
     Metric("drop", "margin", "max", "retrieval accuracy drop (reference − candidate) {where}; " + _NON_INFERIOR,
            hi=1.0, on="hi"),  # per context length: drop@<length>
     Metric("drop", "margin_overall", "max", "retrieval accuracy drop (reference − candidate) {where}; " + _NON_INFERIOR,
-           hi=1.0, on="hi", sweep=True),
+           hi=1.0, on="hi", sweep="retrieval drop"),
     Metric("answer_kld", "max_answer_kld", "max",
            "mean KLD(ref‖cand) on the pass-code tokens (teacher-forced on the true code), nats", on="hi"),
 ), verdict_only=("min_reference_accuracy",))
@@ -173,5 +173,5 @@ TASKS = GateMetrics("tasks", (  # per suite: drop@<suite>, flip_rate@<suite>
 #: in the order of the config's gate sections
 TABLES: tuple[GateMetrics, ...] = (AGREEMENT, QUALITY, LONGGEN, DEPTH, RETRIEVAL, TASKS)
 
-#: (gate, measurement) of every sweep column
-SWEEP_FIGURES: tuple[tuple[str, str], ...] = tuple((t.gate, m.key) for t in TABLES for m in t.metrics if m.sweep)
+#: (gate, measurement, column header) of every sweep column, in table order
+SWEEP_FIGURES: tuple[tuple[str, str, str], ...] = tuple((t.gate, m.key, m.sweep) for t in TABLES for m in t.metrics if m.sweep)

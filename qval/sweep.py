@@ -95,7 +95,7 @@ class SweepEntry:
     def figures(self) -> dict[str, float | None]:
         out: dict[str, float | None] = {}
         gates = self.run.report["gates"] if self.run else {}
-        for g, m in SWEEP_FIGURES:  # the rows of gate_metrics marked `sweep`
+        for g, m, _ in SWEEP_FIGURES:  # the rows of gate_metrics with a sweep column
             e = gates.get(g, {}).get("measurements", {}).get(m)
             out[f"{g}.{m}"] = e.get("value") if e else None
         # gate 4: the worst suite's paired drop (reference − candidate), the answers' summary figure
@@ -253,15 +253,16 @@ def render(result: SweepResult) -> str:
              f"Reference: {result.reference.get('name')} (fingerprint `{str(result.reference.get('fingerprint'))[:12]}`), "
              f"loaded once. KV cache sized for {result.context} tokens × {result.batch} sequence(s).", "",
              f"**Recommendation**: {result.recommendation()}", "",
-             "| rank | candidate | verdict | format | KV | bits/weight | weights MiB | KV MiB | top-1 | mean KLD | p99 KLD | worst task drop | why not |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "| rank | candidate | verdict | format | KV | bits/weight | weights MiB | KV MiB | "
+             + "".join(f"{head} | " for _, _, head in SWEEP_FIGURES) + "worst task drop | why not |",
+             "|---" * (10 + len(SWEEP_FIGURES)) + "|"]
     for rank, e in enumerate(result.ranked(), 1):
         f, fp = e.figures(), e.footprint
         why = e.error or ("; ".join(f"{c.gate}/{c.metric}" for c in e.run.verdict.failures) if e.run else "")
         lines.append(f"| {rank} | {e.config.name} | {e.status} | {e.config.quant.format.value} | {e.config.quant.kv_cache.value} | "
-                     f"{fp.weight_bits:.2f} | {_mib(fp.weight_bytes)} | {_mib(fp.kv_bytes)} | {_num(f['agreement.top1'])} | "
-                     f"{_num(f['agreement.mean_kld'])} | {_num(f['agreement.p99_kld'])} | {_num(f['tasks.worst_drop'])} | "
-                     f"{why.replace('|', '/')[:160]} |")
+                     f"{fp.weight_bits:.2f} | {_mib(fp.weight_bytes)} | {_mib(fp.kv_bytes)} | "
+                     + "".join(f"{_num(f[f'{g}.{m}'])} | " for g, m, _ in SWEEP_FIGURES)
+                     + f"{_num(f['tasks.worst_drop'])} | {why.replace('|', '/')[:160]} |")
     lines += ["", "Memory is estimated from the reference's shapes: quantized linears at the format's bits per weight "
               "(scales included), other parameters at the deployment dtype, tied tensors once.", ""]
     for e in result.ranked():

@@ -58,7 +58,6 @@ class FormatSpec:
     #: (a copy of the preset, settings, smoothquant alpha) -> ModelOpt config, before excludes and KV cache
     adjust: Callable[[dict[str, Any] | None, Settings, float | None], dict[str, Any]]
     quantizes: bool = True  # False for `none`: the reference itself, nothing calibrated
-    calibrated_activations: bool = True
     takes_smoothquant_alpha: bool = False
     kv_cache: bool = True  # `kv_cache: fp8` quantizes the KV cache (False: the setting has no effect)
     export: ExportSpec | None = None  # None: qval cannot export it and read it back
@@ -137,7 +136,7 @@ def _nvfp4(cfg: dict[str, Any], q: Settings, alpha: float | None) -> dict[str, A
 
 
 @register_format("none", weight_bits=16, activation_bits=None, needs_cuda=False, preset=None, quantizes=False,
-                 calibrated_activations=False, kv_cache=False)
+                 kv_cache=False)
 def _none(cfg: None, q: Settings, alpha: float | None) -> dict[str, Any]:
     return {"quant_cfg": [{"quantizer_name": "*", "enable": False}], "algorithm": None}
 

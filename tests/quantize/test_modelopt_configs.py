@@ -72,8 +72,7 @@ def test_bits_per_weight_follow_the_settings_and_every_consumer_asks_the_format(
     from qval.cost import format_bits
     from qval.sweep import footprint
 
-    bits = {f.value: format_bits(QuantConfig(format=f.value)) for f in QuantFormat}
-    assert bits == {"fp8": 8, "int8_sq": 8, "int4_awq": 4.125, "w4a8_awq": 4.125, "nvfp4": 4.5, "none": 16}
+    # each format's bits at its default settings are pinned once, in test_formats.EXPECTED
     assert format_bits(QuantConfig(format="w4a8_awq", awq_block_size=32)) == 4.5
 
     m = torch.nn.Sequential(torch.nn.Linear(64, 2, bias=False))
