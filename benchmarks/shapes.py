@@ -27,6 +27,11 @@ SHAPES: dict[str, dict[str, Any]] = {
     "8b": dict(hidden_size=4096, intermediate_size=14336, num_hidden_layers=32, num_attention_heads=32,
                num_key_value_heads=8, head_dim=128, vocab_size=128256, tie_word_embeddings=False,
                max_position_embeddings=131072, rope_theta=500000.0, rms_norm_eps=1e-5),
+    # ~57B: Llama-3.1-70B's layer with 64 of its 80 layers. Its bf16 weights (114 GB) fit an H200
+    # (141 GB) once, not twice: the shape of issue 14's sequential run (reference and candidate apart)
+    "57b": dict(hidden_size=8192, intermediate_size=28672, num_hidden_layers=64, num_attention_heads=64,
+                num_key_value_heads=8, head_dim=128, vocab_size=128256, tie_word_embeddings=False,
+                max_position_embeddings=131072, rope_theta=500000.0, rms_norm_eps=1e-5),
     "smoke": dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
                   num_key_value_heads=2, head_dim=16, vocab_size=49152, tie_word_embeddings=True,
                   max_position_embeddings=8192),

@@ -106,6 +106,11 @@ def user_errors(fn: Callable[..., int]) -> Callable[..., None]:
         except (click.exceptions.Exit, click.ClickException, click.exceptions.Abort):
             raise
         except Exception as e:  # noqa: BLE001 - the last line of defence: never a traceback on the console
+            if type(e).__name__ == "OutOfMemoryError":  # torch.OutOfMemoryError (CUDA), without importing torch here
+                _err(f"out of GPU memory: {str(e).splitlines()[0]} If the reference and the candidate do not fit "
+                     "together, set snapshot.sequential: true in the config (one model in memory at a time); "
+                     "otherwise lower the gates' batch_size.")
+                raise typer.Exit(2) from None
             msg = storage_message(e) if isinstance(e, OSError) else None
             if msg is None:
                 msg = (f"internal error, please report it: {type(e).__name__}: {e}. "
@@ -158,6 +163,30 @@ def calibrate(config: Path = ConfigOpt, out: Optional[str] = OutOpt, quiet: bool
         stage = run_calibration(s, alpha)
         where = stage.path if stage else "(nothing to calibrate for format none)"
         print(f"{c.name}: calibration {'reused' if stage and s.run.log['calibrate']['cached'] else 'done'}: {where}")
+    return 0
+
+
+@app.command()
+@user_errors
+def reference(config: Path = ConfigOpt, out: Optional[str] = OutOpt, quiet: bool = QuietOpt) -> int:
+    """Fill the reference snapshot for a config's gates with only the reference in memory: every later
+    `qval gate` against the same reference, data and gate settings (any candidate) reads it back."""
+    cfg = _checked(config)
+    from .pipeline import fill_reference
+    from .progress import Progress
+
+    r = fill_reference(cfg, Progress(not quiet), out)
+    snap = r["snapshot"] or {}
+    for name, g in r["gates"].items():
+        state = g["status"] if g["status"] != "error" else f"error: {g['error']}"
+        print(f"  {name:<10} {g['reference_forward_calls']:>5} reference passes computed, {g['reused_calls']:>5} read back"
+              f" ({g['reference_seconds']} s){'' if state == 'ok' else ' — ' + state}")
+    print(f"{cfg.name}: reference snapshot {str(snap.get('key'))[:16]} at {snap.get('path')} "
+          f"({(snap.get('bytes') or 0) / 1e6:.1f} MB, created {snap.get('created')})")
+    failed = [n for n, g in r["gates"].items() if g["status"] == "error"]
+    if failed:
+        _err(f"the reference itself failed in gate {failed[0]}: {r['gates'][failed[0]]['error']}; the snapshot is incomplete.")
+        return 2
     return 0
 
 
@@ -294,14 +323,18 @@ def sweep(configs: list[Path] = typer.Argument(..., help="gate configs (e.g. che
           quiet: bool = QuietOpt,
           context: int = typer.Option(4096, "--context", min=1, help="tokens per sequence for the KV-cache memory estimate"),
           batch: int = typer.Option(1, "--batch", min=1, help="sequences for the KV-cache memory estimate"),
-          fail_fast: bool = FailFastOpt) -> int:
-    """Gate many candidates against one reference (loaded once; its generations computed once) and
+          fail_fast: bool = FailFastOpt,
+          parallel: Optional[str] = typer.Option(None, "--parallel", metavar="auto|N|cpu:N",
+                                                 help="candidates at the same time: one worker per visible GPU (auto), N "
+                                                      "workers over the GPUs (a model that needs several GPUs per worker), "
+                                                      "or N workers on the CPU; all share one reference snapshot")) -> int:
+    """Gate many candidates against one reference (loaded once; its snapshot computed once) and
     write sweep.md/sweep.json: a ranking and the smallest configuration that passes every gate.
     Exit 0 when some candidate passes, 1 when none does."""
     from .progress import Progress
     from .sweep import render, run_sweep
 
-    result = run_sweep(list(configs), Progress(not quiet), out, context, batch, fail_fast=fail_fast)
+    result = run_sweep(list(configs), Progress(not quiet), out, context, batch, fail_fast=fail_fast, parallel=parallel)
     print("\n" + render(result))
     print(f"written: {result.folder / 'sweep.md'}")
     return result.exit_code

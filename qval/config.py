@@ -11,7 +11,7 @@ import difflib
 import math
 from enum import Enum
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import yaml
 from pydantic import BaseModel, Field, ValidationError, field_validator, model_validator
@@ -49,6 +49,9 @@ class ModelConfig(Strict):
     tokenizer: str | None = None  # tokenizer folder/id when it differs from the model's
     dtype: Literal["float16", "bfloat16", "float32"] = "float16"
     device: Literal["auto", "cpu", "cuda"] = "auto"
+    #: CUDA: one GPU when the model fits it, else every visible GPU (accelerate device_map), else CPU
+    #: offload as the last resort (auto); always one GPU (single); always every visible GPU (spread)
+    placement: Literal["auto", "single", "spread"] = "auto"
     trust_remote_code: bool = False
 
     @model_validator(mode="after")
@@ -162,6 +165,38 @@ class DiagnosticsConfig(Strict):
     slice_ctx: int | None = Field(None, ge=8)  # None: gates.agreement.ctx (half of each chunk is scored)
 
 
+class SnapshotConfig(Strict):
+    """The reference snapshot (qval/snapshot): what the gates need from the reference, computed
+    once, stored content-addressed under <report dir>/.reference/snapshot/ and reused by every
+    candidate. Per position it keeps the true-token log-probability and the argmax exactly and the
+    `topk` largest log-probabilities with the tail mass (KLD from them plus the lumped tail, with
+    its upper bound reported); `topk: exact` keeps every log-probability (small vocabularies only:
+    4 bytes × vocabulary per position)."""
+
+    enabled: bool = True  # false: both models in memory, figures from the full reference logits
+    topk: Annotated[int, Field(gt=0)] | Literal["exact"] = 128  # benchmarks/snapshot_k.py: KLD within 0.5 % (mean and p99)
+    #: while the reference's logits are computed (a snapshot being filled), also compute the KLD
+    #: from them in full and report how far the snapshot's figure is from it
+    audit: bool = True
+    #: one model in memory at a time (peak memory max(reference, candidate), not their sum): the
+    #: reference fills the snapshot and leaves, calibration and the candidate take fresh loads of its
+    #: weights without a copy, the gates read the reference from the snapshot alone, and the reference
+    #: returns at the end for what needs the candidate's output (gate 3's judge). Costs reloads of the
+    #: reference (up to four); lm-eval suites cannot run this way
+    sequential: bool = False
+
+    @field_validator("topk", mode="before")
+    @classmethod
+    def _no_bool(cls, v: Any) -> Any:
+        if isinstance(v, bool):
+            raise ValueError("topk is a number of log-probabilities kept per position, or 'exact'")
+        return v
+
+    @property
+    def k(self) -> int | None:
+        return None if self.topk == "exact" else int(self.topk)
+
+
 class FallbackConfig(Strict):
     """`--fallback auto`: keep the most sensitive layers in high precision until every gate passes."""
 
@@ -184,6 +219,7 @@ class GateConfig(Strict):
     report: ReportConfig = Field(default_factory=ReportConfig)
     diagnostics: DiagnosticsConfig = Field(default_factory=DiagnosticsConfig)
     fallback: FallbackConfig = Field(default_factory=FallbackConfig)
+    snapshot: SnapshotConfig = Field(default_factory=SnapshotConfig)
     seed: int = 0
     #: the largest fraction of a data budget (calibration samples, gate tokens, prompts) that may be
     #: missing: less data is a note beside the verdict, more missing is an error (exit 2)
@@ -202,6 +238,12 @@ class GateConfig(Strict):
     def _engine_known(self) -> "GateConfig":
         if self.engine.backend == "checkpoint" and not self.engine.path:
             raise ValueError("engine backend 'checkpoint' needs engine.path: the candidate's folder")
+        if self.snapshot.sequential and not self.snapshot.enabled:
+            raise ValueError("snapshot.sequential needs the snapshot (snapshot.enabled: true): the gates read the "
+                             "reference from it while the candidate is in memory")
+        if self.snapshot.sequential and self.gates.tasks.enabled and any(s.lm_eval for s in self.gates.tasks.suites):
+            raise ValueError("snapshot.sequential cannot run lm-eval suites (gates.tasks.suites[].lm_eval): lm-eval "
+                             "scores both models side by side; set snapshot.sequential: false or drop those suites")
         return self
 
     def resolve(self, path: str) -> Path:

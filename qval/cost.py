@@ -67,18 +67,21 @@ def model_weight_bits(model: "torch.nn.Module", cfg: Any) -> WeightBits:
     hp_bits = HIGH_PRECISION_BITS[cfg.model.dtype]
     qbits = format_bits(cfg.quant)
     quantize = cfg.quant.spec.quantizes
+    def ident(t: torch.Tensor) -> int:  # shared storage (tied weights); a weightless (meta) model has none: the object
+        return id(t) if t.device.type == "meta" else t.data_ptr()
+
     linear_weights = {}
     for name, module in model.named_modules():
         if isinstance(module, torch.nn.Linear):
-            linear_weights[module.weight.data_ptr()] = quantize and not _excluded(name, cfg.quant.exclude)
+            linear_weights[ident(module.weight)] = quantize and not _excluded(name, cfg.quant.exclude)
     seen: set[int] = set()
     bits = params = 0.0
     for p in model.parameters():
-        if p.data_ptr() in seen:
+        if ident(p) in seen:
             continue
-        seen.add(p.data_ptr())
+        seen.add(ident(p))
         params += p.numel()
-        bits += p.numel() * (qbits if linear_weights.get(p.data_ptr(), False) else hp_bits)
+        bits += p.numel() * (qbits if linear_weights.get(ident(p), False) else hp_bits)
     return WeightBits(bits, params)  # type: ignore[arg-type]
 
 

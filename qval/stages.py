@@ -188,5 +188,7 @@ class RunDir:
     def record(self, stage: Stage, cached: bool) -> None:
         meta = stage.meta()
         self.log[stage.name] = {"key": stage.key, "cached": cached, "seconds": meta.get("seconds")}
+        if meta.get("memory"):  # the phase's peak memory (qval.memory), as the run that computed it measured
+            self.log[stage.name]["memory"] = meta["memory"]
         if stage.note:
             self.log[stage.name]["note"] = stage.note

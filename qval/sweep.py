@@ -1,10 +1,11 @@
 """`qval sweep`: many candidate configs against one reference, ranked, with a recommendation.
 
 The reference is loaded once and handed to every candidate's run; every run folder sits under
-one output folder, so the reference's generations (gates 2 and 3, `qval.reference`) are computed
-by the first candidate that needs them and read from `<out>/.reference/` by all the others.
-Gate 1's teacher-forced reference logits are recomputed per candidate (cheaper than storing
-tokens × vocab; KLD stays exact).
+one output folder, so everything the gates need from the reference (the snapshot, qval/snapshot:
+its compact logits and generations) is computed by the first candidate that needs it and read
+from `<out>/.reference/` by all the others. With snapshot.sequential the sweep does not keep the
+reference loaded: each candidate's run loads it when a phase needs it (one model in memory at a
+time), and only the first candidate's fill phase computes reference passes.
 
 The ranking puts the candidates that pass every gate first, smallest deployment first (weights
 plus the KV cache of `context` tokens for `batch` sequences), and recommends the first of them:
@@ -14,6 +15,7 @@ the smallest configuration that passes every gate. A candidate that cannot be bu
 
 from __future__ import annotations
 
+import json
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -210,21 +212,39 @@ def refuse_unfit(candidates: list[tuple[GateConfig, float | None]], progress: "P
 
 
 def run_sweep(paths: list[Path], progress: "Progress", out_dir: str | None = None, context: int = 4096, batch: int = 1,
-              reference: "LoadedModel | None" = None, fail_fast: bool = False) -> SweepResult:
-    """Gate every candidate against one loaded reference; write sweep.json and sweep.md."""
+              reference: "LoadedModel | None" = None, fail_fast: bool = False, parallel: str | None = None) -> SweepResult:
+    """Gate every candidate against one loaded reference; write sweep.json and sweep.md.
+    `parallel` (auto, N, cpu:N): candidates in worker processes, one per GPU or group (qval/parallel.py)."""
+    import os
+
+    import torch
+
+    from .memory import free_memory
     from .models import load_model
+    from .parallel import slots
     from .pipeline import run_gate
 
     candidates = expand(paths)
     folder = Path(out_dir or candidates[0][0].report.dir)
     refused = refuse_unfit(candidates, progress)
+    workers = slots(parallel, torch.cuda.device_count() if torch.cuda.is_available() else 0, os.cpu_count() or 1)
+    if workers:
+        result = run_parallel(candidates, refused, folder, workers, progress, context, batch, fail_fast)
+        atomic_write_json(folder / "sweep.json", result.to_dict())
+        atomic_write_text(folder / "sweep.md", render(result))
+        return result
     if reference is None:
         progress.log(f"loading the reference once for {len(candidates)} candidates …")
         reference = load_model(candidates[0][0].model)
     result = SweepResult(entries=[], folder=folder, context=context, batch=batch, reference=reference.describe())
+    footprints = [footprint(cfg, reference.model, context, batch) for cfg, _ in candidates]
+    if any(cfg.snapshot.sequential for cfg, _ in candidates):  # one model at a time: the runs load it themselves
+        progress.log("sequential: the reference is not kept loaded between candidates")
+        reference = None  # type: ignore[assignment]
+        free_memory()
     for i, (cfg, alpha) in enumerate(candidates, 1):
         progress.log(f"sweep {i}/{len(candidates)}: {cfg.name}")
-        entry = SweepEntry(cfg, alpha, footprint=footprint(cfg, reference.model, context, batch))
+        entry = SweepEntry(cfg, alpha, footprint=footprints[i - 1])
         t0 = time.perf_counter()
         try:
             if cfg.name in refused:
@@ -237,6 +257,56 @@ def run_sweep(paths: list[Path], progress: "Progress", out_dir: str | None = Non
         result.entries.append(entry)
     atomic_write_json(folder / "sweep.json", result.to_dict())
     atomic_write_text(folder / "sweep.md", render(result))
+    return result
+
+
+def run_parallel(candidates: list[tuple[GateConfig, float | None]], refused: dict[str, str], folder: Path, workers: list[Any],
+                 progress: "Progress", context: int, batch: int, fail_fast: bool) -> SweepResult:
+    """The sweep in worker processes (qval/parallel.py): the snapshot filled once by `qval reference`,
+    then one `qval gate` per config file in the first free worker; the reports read back."""
+    from .models import meta_model
+    from .parallel import last_line, qval_process, schedule
+    from .pipeline import RunResult
+    from .verdict import Check, Verdict
+
+    first = candidates[0][0]
+    shapes = meta_model(first.model)  # the footprints' shapes, no weights: the GPUs are the workers'
+    logs = folder / "workers"
+    t0 = time.time()
+    if first.snapshot.enabled:
+        progress.log(f"parallel sweep: the reference snapshot filled once, by {first.name}'s config")
+        ((_, code, _),) = schedule([first.source_file], workers[:1], lambda f, w: qval_process(
+            ["reference", "--config", str(f), "--out", str(folder), "-q"], w, logs / "reference.log"))
+        if code != 0:
+            raise QvalError(f"qval reference failed (exit {code}): {last_line(logs / 'reference.log')}; every candidate "
+                            f"needs it: fix that first (its log: {logs / 'reference.log'}).")
+    files = list(dict.fromkeys(c.source_file for c, _ in candidates if c.name not in refused))
+    progress.log(f"parallel sweep: {len(files)} config files on {len(workers)} workers "
+                 f"({', '.join(w.gpus or 'cpu' for w in workers)})")
+    ran = {f: (code, w) for f, code, w in schedule(files, workers, lambda f, w: qval_process(
+        ["gate", "--config", str(f), "--out", str(folder), "-q", *(["--fail-fast"] if fail_fast else [])], w,
+        logs / f"{Path(str(f)).stem}.log"))}
+    from .models import locate
+
+    _, _, name, fingerprint = locate(first.model)
+    result = SweepResult(entries=[], folder=folder, context=context, batch=batch,
+                         reference={"name": name, "fingerprint": fingerprint, "loaded_by": "each worker",
+                                    "parallel_workers": [w.gpus or "cpu" for w in workers]})
+    for cfg, alpha in candidates:
+        entry = SweepEntry(cfg, alpha, footprint=footprint(cfg, shapes, context, batch))
+        path = folder / cfg.name / "report.json"
+        if cfg.name in refused:
+            entry.error = refused[cfg.name]
+        elif path.is_file() and path.stat().st_mtime >= t0:  # written by this sweep's worker, not left by an older run
+            report = json.loads(path.read_text(encoding="utf-8"))
+            checks = [Check(**c) for c in report["verdict"]["checks"]]
+            entry.run = RunResult(cfg, Verdict(report["verdict"]["approved"], checks), path.parent, report)
+            entry.seconds = float(report.get("seconds") or 0.0)
+        else:
+            code, w = ran[cfg.source_file]
+            log = logs / f"{Path(str(cfg.source_file)).stem}.log"
+            entry.error = f"its worker ({w.gpus or 'cpu'}) exited {code} without a report: {last_line(log)} (log: {log})"
+        result.entries.append(entry)
     return result
 
 

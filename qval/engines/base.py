@@ -30,6 +30,15 @@ class BuildContext:
     calib_state: Path | None  # the calibrate stage's saved quantizer state
     run_dir: Path
     log: Callable[[str], Any] = print
+    #: a sequential run: the builder may take the reference's weights as the candidate's (no copy);
+    #: the reference is reloaded when it is needed again
+    consume_reference: bool = False
+
+    def reference_weights(self) -> "torch.nn.Module":
+        """The reference model for the candidate to be built from: itself when it may be consumed, else a copy."""
+        import copy
+
+        return self.reference.model if self.consume_reference else copy.deepcopy(self.reference.model)
 
 
 @dataclass

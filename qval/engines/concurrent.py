@@ -106,6 +106,11 @@ def side_by_side(jobs: Sequence[Callable[[], T]], engines: Sequence[Any]) -> tup
     n = share(engines)
     if n is None or len(jobs) != 2:
         return [job() for job in jobs], False
+    if any(getattr(e, "mirrors", False) for e in engines):
+        # the snapshot being filled (snapshot/engine.py's MirrorCandidate answers from the reference's
+        # own job): in turn, each with the threads a paired run gives it, so the numerics are a pair's
+        with _threads(n):
+            return [job() for job in jobs], True
     with _threads(n):
         r, w = os.pipe()
         pid = os.fork()

@@ -23,7 +23,7 @@ class FakeQuantEngine(HFEngine):
 
 
 def build_fakequant(ctx: BuildContext) -> FakeQuantEngine:
-    model = copy.deepcopy(ctx.reference.model)
+    model = ctx.reference_weights()
     notes = ["simulated quantization (ModelOpt fake quant): quantize-dequantize in high precision"]
     quantized = ctx.config.quant.spec.quantizes
     if quantized:

@@ -22,6 +22,7 @@ from typing import Any, Iterator, Literal
 
 import torch
 
+from ..memory import empty_tensors
 from .base import Engine, Generation
 from .kvcache import cpu_gqa_attention, growing_cache, install_prequantized_kv
 
@@ -352,6 +353,11 @@ class HFEngine(Engine):
             if progress is not None:
                 progress(len(group))
         return Generation(tokens=tokens, first_nonfinite_step=bad, eos_step=eos_at)
+
+    def release(self) -> None:
+        """Empty the model in place, whoever still refers to it (a sequential run drops the candidate); unusable after."""
+        self._decoder = None
+        empty_tensors(self.model)
 
     def static_decoder(self, batch: int, max_len: int, new_tokens: int, eos: list[int], suppress_eos: bool) -> StaticDecoder:
         """The engine's decoder for this shape; one is kept (its cache and graph reused), and a

@@ -143,7 +143,7 @@ def build_realquant(ctx: BuildContext) -> RealQuantEngine:
     check(ctx.config)
     if ctx.calib_state is None:
         raise StageError("realquant needs a calibrated state; the calibrate stage did not run")
-    model = restore_state(copy.deepcopy(ctx.reference.model), ctx.calib_state)
+    model = restore_state(ctx.reference_weights(), ctx.calib_state)
     compress(model)
     model.eval()
     where = "cuda" if ctx.reference.device.startswith("cuda") else "cpu"

@@ -25,6 +25,7 @@ from ..io import atomic_write
 from ..progress import SILENT
 from ..shortfall import shortfall
 from ..metrics import delta_p_summary, kld_summary, mean_estimate, proportion, quantiles
+from ..metrics.agreement import SNAPSHOT_FIELDS, kld_bound_details
 from ..metrics.estimate import Estimate
 from ..metrics.tokens import first_nonfinite, token_stats
 from ..verdict import GateResult, Threshold
@@ -89,11 +90,12 @@ def run(ctx: GateContext) -> GateResult:
                 bad_ref = (b0 + i // per, half + i % per, offset + i)
             if bad_cand is None and (i := first_nonfinite(s["finite_cand"])) is not None:
                 bad_cand = (b0 + i // per, half + i % per, offset + i)
-            for f in FIELDS:
-                parts[f].append(s[f].numpy())
+            for f in FIELDS + SNAPSHOT_FIELDS:
+                if f in s:
+                    parts.setdefault(f, []).append(s[f].numpy())
             del lr, lc, s
             advance(x.shape[0])
-    arrays = {f: np.concatenate(parts[f]) for f in FIELDS}
+    arrays = {f: np.concatenate(v) for f, v in parts.items()}
     atomic_write(ctx.folder / "positions.npz", lambda p: _save_npz(p, arrays))
     info["scored_positions"] = int(arrays["kld"].size)
     if bad_ref is not None:
@@ -123,7 +125,7 @@ def summarize(a: dict[str, np.ndarray], info: dict[str, Any], seconds: float) ->
         "p99_kld": Estimate(value=p99, n=int(a["kld"].size)),
         "mean_delta_p": mean_estimate(dp),
     }
-    details = {**info, "kld": {k: (v.to_dict() if hasattr(v, "to_dict") else v) for k, v in kld.items()},
+    details = {**info, **kld_bound_details(a), "kld": {k: (v.to_dict() if hasattr(v, "to_dict") else v) for k, v in kld.items()},
                "delta_p": {k: (v.to_dict() if hasattr(v, "to_dict") else v) for k, v in delta_p_summary(dp).items()},
                "kld_histogram": histogram(a["kld"])}
     return GateResult("agreement", "ok", measurements=measurements, details=details, seconds=seconds)

@@ -7,6 +7,7 @@ turns the config's limits (absolute, or sized from the measured noise) into `Thr
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
@@ -45,6 +46,16 @@ class GateSpec:
     #: tokenizer: also count them against the budget); returns a shortfall note or None, raises
     #: DataError for what the gate would refuse. `qval validate` and every command's preflight run it.
     check: Callable[["GateConfig", Any], str | None] | None = None
+    #: a sequential run's last phase: finishes a result the gate left "pending" (work that needs the
+    #: reference and the candidate's output: the judge of its text), with the reference back in memory
+    complete: Callable[[GateContext, "GateResult"], "GateResult"] | None = None
+
+
+def candidate_dependent(ctx: GateContext) -> Any:
+    """A context for reference calls on what the candidate produced (the snapshot counts them
+    apart: no snapshot can hold them in advance); a no-op for a reference without a snapshot."""
+    mark = getattr(ctx.reference, "candidate_dependent", None)
+    return mark() if mark is not None else contextlib.nullcontext()
 
 
 def max_positions(ctx: GateContext) -> int | None:

@@ -24,6 +24,7 @@ from ..errors import DataError
 from ..gate_metrics import DEPTH
 from ..io import atomic_write
 from ..metrics import delta_p_summary, kld_summary, mean_estimate, proportion, quantiles
+from ..metrics.agreement import SNAPSHOT_FIELDS, kld_bound_details
 from ..metrics.estimate import Estimate
 from ..metrics.tokens import first_nonfinite, token_stats
 from ..progress import SILENT
@@ -118,10 +119,11 @@ def run(ctx: GateContext) -> GateResult:
             if (t := first_nonfinite(torch.from_numpy(s["finite_cand"]))) is not None:
                 return GateResult("depth", "nonfinite", details=info, seconds=time.perf_counter() - t0,
                                   error=f"the candidate produced non-finite logits first at chunk {c}, depth {t}")
-            for f in FIELDS:
-                rows[f].append(s[f])
+            for f in FIELDS + SNAPSHOT_FIELDS:
+                if f in s:
+                    rows.setdefault(f, []).append(s[f])
             advance(1)
-    arrays = {f: np.stack(rows[f]) for f in FIELDS}  # [chunks, ctx − 1]
+    arrays = {f: np.stack(v) for f, v in rows.items()}  # [chunks, ctx − 1]
     atomic_write(ctx.folder / "positions.npz", lambda p: _save_npz(p, arrays))
     return summarize(ctx.config, arrays, info, time.perf_counter() - t0)
 
@@ -196,7 +198,7 @@ def summarize(cfg: GateConfig, a: dict[str, np.ndarray], info: dict[str, Any], s
     allk = a["kld"].reshape(-1)
     measurements["top1"] = proportion(a["top1"].reshape(-1))
     measurements["mean_kld"] = mean_estimate(allk)
-    details = {**info, "scored_positions": int(allk.size), "scored_per_chunk": scored, "buckets": buckets,
+    details = {**info, **kld_bound_details(a), "scored_positions": int(allk.size), "scored_per_chunk": scored, "buckets": buckets,
                "divergence": divergence(a["kld"], a["top1"], g.window)}
     return GateResult("depth", "ok", measurements=measurements, details=details, seconds=seconds)
 

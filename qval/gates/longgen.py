@@ -18,6 +18,7 @@ does not show. The per-window series go to report.json for plotting.
 
 from __future__ import annotations
 
+import pickle
 import time
 from typing import Any
 
@@ -26,16 +27,19 @@ import torch
 
 from ..config import GateConfig, Sized
 from ..data import dataset_identity, load_dataset
-from ..errors import DataError
+from ..errors import DataError, StorageError
+from ..io import atomic_write
 from ..gate_metrics import LONGGEN, Metric
 from ..shortfall import shortfall
 from ..metrics import detect_loop, distinct_n, mean_estimate, seq_rep_n, sized_threshold, windows
+from ..metrics.agreement import SNAPSHOT_FIELDS, kld_bound_details
 from ..metrics.estimate import Estimate
 from ..metrics.tokens import first_nonfinite, nll_of_targets, token_stats
 from ..progress import SILENT
 from ..reference import GenerationSettings, paired_generations, render_prompts
+from ..snapshot.engine import ReferenceAbsent
 from ..verdict import GateResult, Threshold
-from .base import GateContext, GateSpec
+from .base import GateContext, GateSpec, candidate_dependent
 
 LOOP_MAX_PERIOD = 64  # DESIGN: a period of at most 64 tokens ...
 LOOP_SPAN = 256  # ... repeating through the last 256
@@ -169,10 +173,42 @@ def run(ctx: GateContext) -> GateResult:
                 return GateResult("longgen", "nonfinite", details=info, seconds=time.perf_counter() - t0,
                                   error=f"the candidate produced non-finite logits scoring the reference's continuation of prompt {i}, position {j}")
             # an identical continuation needs no second pass: its judge NLL is the reference's own
-            judge = tf["nll_ref"] if c == r else judge_nll(ctx, p, c, g.piece)
-            seqs.append({"tf": tf, "judge_cand": judge, "ref": r, "cand": c})
+            judge: np.ndarray | None = tf["nll_ref"]
+            if c != r:
+                try:
+                    with candidate_dependent(ctx):
+                        judge = judge_nll(ctx, p, c, g.piece)
+                except ReferenceAbsent:  # a sequential run: judged once the reference is back (complete)
+                    judge = None
+            seqs.append({"tf": tf, "judge_cand": judge, "ref": r, "cand": c, "prompt": p})
             advance(1)
-    return summarize(ctx.config, records, seqs, ref.generation.eos_step, cand.eos_step, info, time.perf_counter() - t0)
+    rest = (records, seqs, ref.generation.eos_step, cand.eos_step, info)
+    if any(x["judge_cand"] is None for x in seqs):
+        atomic_write(ctx.folder / PENDING, lambda path: path.write_bytes(pickle.dumps(rest)))
+        pending = sum(x["judge_cand"] is None for x in seqs)
+        return GateResult("longgen", "pending", details={**info, "pending_judge": pending}, seconds=time.perf_counter() - t0,
+                          error=f"the reference's judge of {pending} candidate continuations waits for the reference")
+    return summarize(ctx.config, *rest, time.perf_counter() - t0)
+
+
+PENDING = "pending_judge.pkl"
+
+
+def complete(ctx: GateContext, result: GateResult) -> GateResult:
+    """A sequential run's last phase: the reference (back in memory) judges the candidate's
+    continuations the candidate phase could not, then the gate is summarized as `run` would."""
+    t0 = time.perf_counter()
+    try:
+        records, seqs, ref_eos, cand_eos, info = pickle.loads((ctx.folder / PENDING).read_bytes())
+    except (OSError, pickle.UnpicklingError, EOFError, ValueError, TypeError) as err:
+        raise StorageError(f"{ctx.folder / PENDING}: the candidate phase's continuations cannot be read ({err}); "
+                           "delete the folder and run the gate again.") from None
+    g = ctx.config.gates.longgen
+    with candidate_dependent(ctx):
+        for x in seqs:
+            if x["judge_cand"] is None:
+                x["judge_cand"] = judge_nll(ctx, x["prompt"], x["cand"], g.piece)
+    return summarize(ctx.config, records, seqs, ref_eos, cand_eos, info, result.seconds + time.perf_counter() - t0)
 
 
 def summarize(cfg: GateConfig, records: list[dict[str, Any]], seqs: list[dict[str, Any]], ref_eos: list[int | None],
@@ -237,7 +273,9 @@ def summarize(cfg: GateConfig, records: list[dict[str, Any]], seqs: list[dict[st
 
     series = window_series([s["tf"] for s in seqs], [s["judge_cand"] for s in seqs], ref_health, cand_health, g.window,
                            max(len(s["ref"]) for s in seqs))
-    details = {**info, "loop_span": span, "loop_max_period": LOOP_MAX_PERIOD, "windows": series, "per_prompt": per_prompt,
+    details = {**info, **kld_bound_details({k: np.concatenate([s["tf"][k] for s in seqs]) for k in SNAPSHOT_FIELDS + ("kld",)
+                                            if all(k in s["tf"] for s in seqs)}),
+               "loop_span": span, "loop_max_period": LOOP_MAX_PERIOD, "windows": series, "per_prompt": per_prompt,
                "ref_loops": ref_loops, "cand_loops": cand_loops, "ref_eos_stops": ref_stops, "cand_eos_stops": cand_stops,
                "late_positions": edge_positions,
                "sizing": {"prompts": n,
@@ -325,4 +363,4 @@ def inputs(cfg: GateConfig) -> dict[str, Any]:
     return {"gate": g.model_dump(mode="json", exclude=LONGGEN.cache_exclude()), "data": dataset_identity(g.prompts, cfg.resolve(g.prompts))}
 
 
-SPEC = GateSpec("longgen", run, thresholds, inputs, lambda c: c.gates.longgen.enabled, check=check)
+SPEC = GateSpec("longgen", run, thresholds, inputs, lambda c: c.gates.longgen.enabled, check=check, complete=complete)

@@ -30,7 +30,8 @@ from ..gate_metrics import RETRIEVAL
 from ..metrics.tokens import token_stats
 from ..progress import SILENT
 from ..verdict import GateResult, Threshold
-from .base import GateContext, GateSpec, context_problem, max_positions
+from ..snapshot.engine import NOT_IN_MEMORY, ReferenceAbsent
+from .base import GateContext, GateSpec, candidate_dependent, context_problem, max_positions
 from .needles import Trial, build_trials, starts_with_digit
 
 ANSWER_TOKENS = 10  # greedy tokens decoded to show a discordant trial's answers
@@ -102,10 +103,15 @@ def run(ctx: GateContext) -> GateResult:
     flipped = [i for i, r in enumerate(rows) if r["ref_right"] != r["cand_right"]]
     if flipped:  # what each model actually answers, by greedy decoding through its KV cache
         prompts = [trials[i].prompt for i in flipped]
-        ref_gen = ctx.reference.generate(prompts, ANSWER_TOKENS, suppress_eos=False, batch_size=1)
+        try:
+            with candidate_dependent(ctx):  # which trials to answer depends on the candidate
+                ref_text = [ctx.tokenizer.decode(t, skip_special_tokens=True)
+                            for t in ctx.reference.generate(prompts, ANSWER_TOKENS, suppress_eos=False, batch_size=1).tokens]
+        except ReferenceAbsent:  # a sequential run's candidate phase: the marks stand, the text is not shown
+            ref_text = [NOT_IN_MEMORY] * len(prompts)
         cand_gen = ctx.candidate.generate(prompts, ANSWER_TOKENS, suppress_eos=False, batch_size=1)
         for k, i in enumerate(flipped):
-            rows[i]["ref_answer"] = ctx.tokenizer.decode(ref_gen.tokens[k], skip_special_tokens=True)
+            rows[i]["ref_answer"] = ref_text[k]
             rows[i]["cand_answer"] = ctx.tokenizer.decode(cand_gen.tokens[k], skip_special_tokens=True)
     return summarize(ctx.config, rows, info, time.perf_counter() - t0)
 

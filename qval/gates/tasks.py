@@ -37,11 +37,13 @@ from ..io import atomic_write_text, file_fingerprint, tree_fingerprint
 from ..metrics.estimate import normal_ppf
 from ..metrics.paired import PairedCounts, informative
 from ..progress import SILENT
+from ..snapshot import compact
+from ..snapshot.engine import NOT_IN_MEMORY, ReferenceAbsent
 from ..tasks import lmeval, lmeval_task
 from ..tasks.base import OPEN_CHANCE, SUITES, Item
 from ..tasks.scoring import MATCHERS, continuation_logprob, pick, word_mark
 from ..verdict import GateResult, Threshold
-from .base import GateContext, GateSpec
+from .base import GateContext, GateSpec, candidate_dependent
 from .tasks_summary import summarize
 
 WORD_SHOWN = 6  # greedy tokens decoded to show what a model answered on a flipped cloze item
@@ -66,12 +68,13 @@ def forced(engine: Any, prompt: list[int], cont: list[int], rows: int, piece: in
     """Logits [rows, V] from the row predicting cont[0] on (prompt + cont through the KV cache)."""
     ids = prompt + cont
     first = len(prompt) - 1
-    out = torch.cat([x[0].float() for x in engine.logits_pieces(torch.tensor([ids]), piece)])
+    parts = [x[0].float() for x in engine.logits_pieces(torch.tensor([ids]), piece)]
+    out = torch.cat(parts) if isinstance(parts[0], torch.Tensor) else compact.cat(parts)  # compact: the snapshot's reference
     return out[first : first + rows]
 
 
-def _finite(who: str, item: Item, x: torch.Tensor) -> None:
-    if not torch.isfinite(x).all():
+def _finite(who: str, item: Item, x: Any) -> None:
+    if not (bool(torch.isfinite(x).all()) if isinstance(x, torch.Tensor) else x.all_finite()):
         raise NonFinite(who, item)
 
 
@@ -128,9 +131,14 @@ def _greedy_answers(ctx: GateContext, items: list[Item], rows: list[dict[str, An
         return
     prompts = [items[i].prompt for i in flipped]
     for key, engine in (("ref_answer", ctx.reference), ("cand_answer", ctx.candidate)):
-        gen = engine.generate(prompts, WORD_SHOWN, suppress_eos=False, batch_size=1)
+        try:
+            with candidate_dependent(ctx):  # which items to answer depends on the candidate
+                texts = [ctx.tokenizer.decode(t, skip_special_tokens=True)
+                         for t in engine.generate(prompts, WORD_SHOWN, suppress_eos=False, batch_size=1).tokens]
+        except ReferenceAbsent:  # a sequential run's candidate phase: the marks stand, the text is not shown
+            texts = [NOT_IN_MEMORY] * len(prompts)
         for k, i in enumerate(flipped):
-            rows[i][key] = ctx.tokenizer.decode(gen.tokens[k], skip_special_tokens=True)
+            rows[i][key] = texts[k]
 
 
 def chance_of(items: list[Item]) -> float:
@@ -186,7 +194,14 @@ def run_lmeval_suite(ctx: GateContext, suite: TaskSuite) -> dict[str, Any]:
             where = f"gates.tasks.suites[{g.suites.index(suite)}].limit"
             note = lmeval.limit_note(suite, task, where, ctx.config.max_shortfall)
         try:
-            results[who] = lmeval.evaluate(EngineLM(engine, ctx.tokenizer, who, length, g.batch_size, g.piece), suite, tm, task)
+            # lm-eval scores options beyond its input (one-token choices share one context), which the
+            # snapshot's compact rows do not hold: its suites run on the reference model itself
+            real = getattr(engine, "real", engine)
+            if real is None:
+                raise ConfigError(f"gates.tasks suite {suite.label}: an lm-eval suite needs the reference model in "
+                                  "memory beside the candidate; a sequential run (snapshot.sequential: true) cannot run "
+                                  "it: set snapshot.sequential: false or drop the suite.")
+            results[who] = lmeval.evaluate(EngineLM(real, ctx.tokenizer, who, length, g.batch_size, g.piece), suite, tm, task)
         except NonFiniteLogits as err:
             raise NonFinite(err.who, f"document {err.doc_id}") from None
     kind, rows = lmeval.pair_rows(suite, task, how, results["reference"], results["candidate"])

@@ -63,3 +63,25 @@ def top1_summary(flags: np.ndarray) -> Estimate:
     0.75
     """
     return proportion(np.asarray(flags, dtype=bool))
+
+
+#: from a snapshot reference (qval/snapshot): the KLD's upper bound, and the full-logits KLD when audited
+SNAPSHOT_FIELDS = ("kld_upper", "kld_exact")
+
+
+def kld_bound_details(a: dict[str, np.ndarray]) -> dict[str, Any]:
+    """With a snapshot reference: the mean KLD's upper bound (the full-vocabulary mean is at most
+    it) and, when the full reference logits were at hand, the exact mean and how far
+    the estimate is from it. Nothing when the reference's full logits were used."""
+    out: dict[str, Any] = {}
+    if "kld_upper" in a:
+        est, hi = float(np.mean(a["kld"])), float(np.mean(a["kld_upper"]))
+        out["kld_bound"] = {"mean_kld": est, "mean_kld_upper": hi, "p99_kld_upper": quantiles(a["kld_upper"], [0.99])["p99"],
+                            "note": "KLD from the reference snapshot: its top-k log-probabilities exactly, its tail from a "
+                                    "systematic sample of tail tokens; mean_kld_upper is a strict upper bound of the "
+                                    "full-vocabulary mean KLD (qval/snapshot/compact.py)"}
+    if "kld_exact" in a and a["kld_exact"].size == a["kld"].size:  # audited only where every position was computed here
+        exact = float(np.mean(a["kld_exact"]))
+        out["kld_audit"] = {"mean_kld_exact": exact, "mean_kld_snapshot": float(np.mean(a["kld"])),
+                            "relative_difference": (float(np.mean(a["kld"])) - exact) / exact if exact else float("nan")}
+    return out

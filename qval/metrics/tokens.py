@@ -11,44 +11,9 @@ see the failure (`first_nonfinite` names the position), never an average that sk
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor
 
-
-def _check_logits(logits: Tensor, name: str) -> None:
-    if logits.dim() != 2:
-        raise ValueError(f"{name} must be [N, V], got shape {tuple(logits.shape)}")
-    if not logits.is_floating_point():
-        raise ValueError(f"{name} must be a float tensor, got {logits.dtype}")
-
-
-def _check_targets(targets: Tensor, n: int, vocab: int) -> None:
-    if targets.dim() != 1 or targets.shape[0] != n:
-        raise ValueError(f"targets must be [N]={n}, got shape {tuple(targets.shape)}")
-    if targets.is_floating_point() or targets.dtype == torch.bool:
-        raise ValueError(f"targets must be integer token ids, got {targets.dtype}")
-    if n and (int(targets.min()) < 0 or int(targets.max()) >= vocab):
-        # Checked here because an out-of-range gather on CUDA is an opaque device assert.
-        raise ValueError(f"targets must lie in [0, {vocab}), got [{int(targets.min())}, {int(targets.max())}]")
-
-
-def _log_probs(logits: Tensor) -> tuple[Tensor, Tensor]:
-    """float32 log-softmax of each row and whether the row was all finite.
-
-    >>> lp, ok = _log_probs(torch.tensor([[0.0, 0.0], [float("nan"), 1.0]]))
-    >>> lp[0].exp().tolist(), ok.tolist()
-    ([0.5, 0.5], [True, False])
-    """
-    finite = torch.isfinite(logits).all(dim=-1)
-    return F.log_softmax(logits.float(), dim=-1), finite
-
-
-def _to_cpu64(x: Tensor) -> Tensor:
-    return x.to(device="cpu", dtype=torch.float64)
-
-
-def _nan_where_not(x: Tensor, finite: Tensor) -> Tensor:
-    return torch.where(finite, x, torch.full_like(x, float("nan")))
+from .rows import _check_logits, _check_targets, _log_probs, _nan_where_not, _to_cpu64, kld_rows, position_stats  # noqa: F401  (re-exported)
 
 
 @torch.no_grad()
@@ -60,7 +25,15 @@ def token_stats(logits_ref: Tensor, logits_cand: Tensor, targets: Tensor) -> dic
     >>> s = token_stats(torch.tensor([[0.0, 0.0]]), torch.tensor([[0.0, 0.0]]), torch.tensor([1]))
     >>> s["kld"].tolist(), s["top1"].tolist(), s["p_cand"].tolist()
     ([0.0], [True], [0.5])
+
+    The reference may be given compactly (`qval.snapshot.compact.RefLogits`, from the snapshot):
+    the same figures, KLD from its top k plus the sampled tail, "kld_upper" beside it, and
+    "kld_exact" (this function's KLD) when its full logits were computed in this run (the audit).
     """
+    if not isinstance(logits_ref, torch.Tensor):
+        from ..snapshot.compact import stats
+
+        return stats(logits_ref, logits_cand, targets)
     _check_logits(logits_ref, "logits_ref")
     _check_logits(logits_cand, "logits_cand")
     if logits_ref.shape != logits_cand.shape:
@@ -81,20 +54,10 @@ def token_stats(logits_ref: Tensor, logits_cand: Tensor, targets: Tensor) -> dic
 
     # KL = Σ p_ref·(lp_ref − lp_cand). Reuse lp_cand's buffer (a fresh log_softmax output) so the
     # peak stays at ~3 chunk-sized float32 tensors. Not clamped: tiny negatives are rounding, shown as is.
-    diff = lp_cand.neg_().add_(lp_ref)
-    kld = diff.mul_(lp_ref.exp()).sum(dim=-1)
-    del diff, lp_ref, lp_cand
+    kld = kld_rows(lp_ref, lp_cand)  # consumes lp_cand
+    del lp_ref, lp_cand
 
-    return {
-        "kld": _to_cpu64(_nan_where_not(kld, both)),
-        "top1": top1.cpu(),
-        "p_ref": _to_cpu64(_nan_where_not(tgt_ref.exp(), finite_ref)),
-        "p_cand": _to_cpu64(_nan_where_not(tgt_cand.exp(), finite_cand)),
-        "nll_ref": _to_cpu64(_nan_where_not(-tgt_ref, finite_ref)),
-        "nll_cand": _to_cpu64(_nan_where_not(-tgt_cand, finite_cand)),
-        "finite_ref": finite_ref.cpu(),
-        "finite_cand": finite_cand.cpu(),
-    }
+    return position_stats(kld, top1, tgt_ref, tgt_cand, finite_ref, finite_cand)
 
 
 @torch.no_grad()
@@ -105,6 +68,10 @@ def nll_of_targets(logits: Tensor, targets: Tensor) -> Tensor:
     >>> nll_of_targets(torch.tensor([[0.0, 0.0], [float("inf"), 0.0]]), torch.tensor([0, 1])).tolist()
     [0.6931471824645996, nan]
     """
+    if not isinstance(logits, torch.Tensor):  # a compact reference (the snapshot): its stored target NLLs
+        from ..snapshot.compact import nll
+
+        return nll(logits, targets)
     _check_logits(logits, "logits")
     n, vocab = logits.shape
     targets = targets.to(logits.device)

@@ -133,17 +133,24 @@ def _torch_save(blob: Any, path: Path) -> None:
         torch.save(blob, f)
 
 
-def save_state(model: torch.nn.Module, reference_state: dict[str, torch.Tensor], path: Path) -> dict[str, Any]:
+def save_state(model: torch.nn.Module, reference_state: dict[str, Any], path: Path) -> dict[str, Any]:
     """Save what calibration produced: the ModelOpt state, every quantizer buffer, and the
     weights calibration changed (SmoothQuant and AWQ fold scales into weights), not the
-    untouched rest of the model, which the reference already holds."""
+    untouched rest of the model, which the reference already holds. `reference_state`: the
+    reference's tensors, or their `qval.checksum.checksums` (a model calibrated in place)."""
     import modelopt.torch.opt as mto
+
+    from ..checksum import checksum
+
+    def same(k: str, v: torch.Tensor) -> bool:
+        r = reference_state[k]
+        return torch.equal(v, r) if isinstance(r, torch.Tensor) else checksum(v) == r
 
     state = model.state_dict()
     changed = {
         k: v.detach().cpu()
         for k, v in state.items()
-        if "quantizer" in k or k not in reference_state or not torch.equal(v, reference_state[k])
+        if "quantizer" in k or k not in reference_state or not same(k, v)
     }
     blob = {"modelopt_state": mto.modelopt_state(model), "tensors": changed}
     needed = sum(v.numel() * v.element_size() for v in changed.values())  # at least: the tensors, for a disk-full message

@@ -123,6 +123,31 @@ def reference_text(model: dict[str, Any]) -> str:
     return text + (" (as described by the run that computed the stages; not loaded in this one)" if model.get("loaded") is False else "")
 
 
+def snapshot_text(model: dict[str, Any]) -> str | None:
+    """'Reference snapshot 1a2b3c4d5e6f (top 64 …, created …): this run computed 40 reference
+    passes and read 0 back; 2.5 MB', or None when the gates used the reference's full logits."""
+    s = model.get("snapshot")
+    if not s:
+        return None
+    form = "every log-probability" if s.get("topk") == "exact" else f"top {s.get('topk')} log-probabilities + tail sample"
+    size = s.get("bytes") or 0
+    return (f"Reference snapshot {str(s.get('key'))[:12]} ({form}, created {s.get('created')}, {size / 1e6:.1f} MB): "
+            f"this run computed {s.get('reference_forward_calls')} reference passes and read {s.get('reused_calls')} back")
+
+
+def kld_bound_text(d: dict[str, Any]) -> str | None:
+    """The snapshot's KLD caveat of a gate's details: its upper bound and, when audited, the exact figure."""
+    b = d.get("kld_bound")
+    if not b:
+        return None
+    text = (f"KLD from the reference snapshot (top-k exact, tail sampled): mean {fmt(b.get('mean_kld'))}; the full-vocabulary "
+            f"mean is at most {fmt(b.get('mean_kld_upper'))} (strict bound)")
+    if a := d.get("kld_audit"):
+        text += (f"; audited against the full reference logits computed in this run: exact mean {fmt(a.get('mean_kld_exact'))}, "
+                 f"relative difference {100 * a.get('relative_difference', float('nan')):+.2f} %")
+    return text + "."
+
+
 def candidate_text(cand: dict[str, Any]) -> str:
     return (f"Candidate: {cand.get('format')} weights, KV cache {cand.get('kv_cache')}, excluded "
             f"{', '.join(cand.get('exclude') or []) or 'nothing'}; engine {(cand.get('engine') or {}).get('backend')}")
@@ -147,9 +172,33 @@ def calibration_text(cal: dict[str, Any]) -> str:
             f"{cal.get('quantizers_enabled')} quantizers enabled, {cal.get('calibration_seconds')} s.")
 
 
+def stage_columns(stages: dict[str, Any]) -> list[str]:
+    """The stage table's headers: a peak-memory column when any stage measured one (qval.memory)."""
+    cols = ["stage", "cached", "seconds"]
+    if any(s.get("memory", {}).get("peak_rss_bytes") for s in stages.values()):
+        cols.append("peak RSS GB")
+    if any(s.get("memory", {}).get("peak_cuda_bytes") for s in stages.values()):
+        cols.append("peak CUDA GB")
+    return cols
+
+
 def stage_rows(stages: dict[str, Any]) -> list[list[Any]]:
-    """(stage, cached yes/no, seconds) per stage of the run."""
-    return [[k, "yes" if s.get("cached") else "no", s.get("seconds")] for k, s in stages.items()]
+    """(stage, cached yes/no, seconds[, peak RSS, peak CUDA memory]) per stage of the run."""
+    cols = stage_columns(stages)
+
+    def gb(s: dict[str, Any], key: str) -> str:
+        v = s.get("memory", {}).get(key)
+        return f"{v / 1e9:.2f}" if v else "—"
+
+    rows = []
+    for k, s in stages.items():
+        row = [k, "yes" if s.get("cached") else "no", s.get("seconds")]
+        if "peak RSS GB" in cols:
+            row.append(gb(s, "peak_rss_bytes"))
+        if "peak CUDA GB" in cols:
+            row.append(gb(s, "peak_cuda_bytes"))
+        rows.append(row)
+    return rows
 
 
 def versions_text(env: dict[str, Any]) -> str:

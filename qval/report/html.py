@@ -18,8 +18,8 @@ from . import charts
 from . import formatting
 from .diagnostics_html import diagnostics_section, fallback_section
 from .formatting import (CHECK_COLUMNS, DROP_COLUMNS, FLIP_COLUMNS, LMEVAL_COLUMNS, LMEVAL_NOTE, calibration_text, candidate_text,
-                         check_rows, failed_text, interval, lmeval_rows, reference_text, right, runtime_text, split_suites,
-                         stage_rows, versions_text)
+                         check_rows, failed_text, interval, lmeval_rows, reference_text, right, runtime_text, snapshot_text, split_suites,
+                         stage_columns, stage_rows, versions_text)
 from .html_parts import badge, figure, num, table
 from .numbers import fmt
 
@@ -53,6 +53,8 @@ def header(r: dict[str, Any]) -> str:
         out.append(f'<div class="verdict {cls}" style="font-size:18px">fallback: {escape(fb["explanation"])}</div>')
     model, cand = r.get("model") or {}, r.get("candidate") or {}
     items = [reference_text(model)] if model else []
+    if model and (snap := snapshot_text(model)):
+        items.append(snap)
     if cand:
         items.append(candidate_text(cand))
     items += [f"Note: {n}" for n in model.get("notes", [])]
@@ -230,7 +232,7 @@ def tail_section(r: dict[str, Any]) -> str:
     if cal:
         out.append(f"<h2>Calibration</h2><p>{escape(calibration_text(cal))}</p>")
     if r.get("stages"):
-        out.append("<h2>Stages</h2>" + table(["stage", "cached", "seconds"], stage_rows(r["stages"]), [2]))
+        out.append("<h2>Stages</h2>" + table(stage_columns(r["stages"]), stage_rows(r["stages"]), [2]))
     env = r.get("environment")
     if env:
         device = env.get("device")

@@ -6,8 +6,9 @@ from typing import Any
 
 from .diagnostics_md import diagnostics_markdown
 from .formatting import (CHECK_COLUMNS, DROP_COLUMNS, FLIP_COLUMNS, LMEVAL_COLUMNS, LMEVAL_NOTE, TITLES, bracket,
-                         calibration_text, candidate_text, check_rows, estimate, failed_text, interval, lmeval_rows,
-                         numerics_line, reference_text, right, runtime_text, split_suites, stage_rows, versions_text)
+                         calibration_text, candidate_text, check_rows, estimate, failed_text, interval, kld_bound_text,
+                         lmeval_rows, numerics_line, reference_text, right, runtime_text, snapshot_text, split_suites,
+                         stage_columns, stage_rows, versions_text)
 from .numbers import fmt
 
 
@@ -42,6 +43,8 @@ def agreement_section(g: dict[str, Any]) -> list[str]:
     dp = d.get("delta_p", {})
     lines += [f"| Δp mean | {estimate(dp.get('mean'))} |", f"| Δp RMS | {fmt(dp.get('rms'))} |",
               f"| Δp p1 / p99 | {fmt(dp.get('p1'))} / {fmt(dp.get('p99'))} |"]
+    if bound := kld_bound_text(d):
+        lines += ["", bound]
     return lines
 
 
@@ -132,6 +135,8 @@ def depth_section(g: dict[str, Any]) -> list[str]:
     if series:
         lines += ["", f"Per window of {div.get('window')} positions (mean over chunks):", "", "| depth | mean KLD | top-1 |", "|---|---|---|"]
         lines += [f"| {w['start']}–{w['end']} | {fmt(w['kld'])} | {fmt(w['top1'])} |" for w in series]
+    if bound := kld_bound_text(d):
+        lines += ["", bound]
     return lines
 
 
@@ -240,6 +245,8 @@ def render_markdown(r: dict[str, Any]) -> str:
             f"- {failed_text(v)}"
             + (f", {v['uninformative_checks']} uninformative (the data cannot show a loss there)" if v.get("uninformative_checks") else "")
             + f"; {runtime_text(r)}; created {r['created']}"]
+    if snap := snapshot_text(model):
+        out.append(f"- {snap}")
     for note in model.get("notes", []):
         out.append(f"- Note: {note}")
     for note in cand["engine"].get("notes", []):  # what the candidate's engine really ran (e.g. emulated GEMMs)
@@ -265,7 +272,7 @@ def render_markdown(r: dict[str, Any]) -> str:
         if (cal.get("calibration") or {}).get("shortfall"):
             out.append(f"Note: {cal['calibration']['shortfall']}.")
         out.append("")
-    out += ["## Stages", "", *table(("stage", "cached", "seconds"), stage_rows(r["stages"]))]
+    out += ["## Stages", "", *table(stage_columns(r["stages"]), stage_rows(r["stages"]))]
     env = r["environment"]
     out += ["", "## Environment", "", versions_text(env), f"device: {env['device']}"]
     if numerics := numerics_line(env.get("determinism")):  # GPU runs only: a CPU report reads as before

@@ -11,7 +11,7 @@ import pytest
 
 import qval.metrics
 
-MODULES = ["estimate", "tokens", "agreement", "perplexity", "thresholds", "text"]
+MODULES = ["estimate", "tokens", "rows", "agreement", "perplexity", "thresholds", "text"]
 PUBLIC = {
     "Estimate", "proportion", "mean_estimate", "quantiles", "normal_ppf",
     "token_stats", "nll_of_targets", "first_nonfinite",
