@@ -2,7 +2,7 @@
 
 A figure is a number anywhere in the report (lists counted element by element, booleans left
 out), except what measures the run rather than the candidate: durations and dates (keys named
-`seconds`, `*_seconds`, `*_s`, `wall*`, `created`, `date`). Strings are compared apart (paths
+`seconds`, `*_seconds`, `*_s`, `wall*`, `created`, `date`) and a phase's peak memory (`peak_*_bytes`). Strings are compared apart (paths
 and stage keys differ between two folders by construction; the verdict and statuses must not).
 
     python3 benchmarks/compare_reports.py run1/report.json run2/report.json [--out compare.json]   # or .json.gz
@@ -22,7 +22,7 @@ import sys
 from pathlib import Path
 from typing import Any, Iterator
 
-TIMING = re.compile(r"(^|_)(seconds|s|wall|wall_s|created|date|elapsed)$|^seconds_|_seconds$")
+TIMING = re.compile(r"(^|_)(seconds|s|wall|wall_s|created|date|elapsed)$|^seconds_|_seconds$|^peak_\w+_bytes$")
 
 
 def leaves(node: Any, path: str = "") -> Iterator[tuple[str, Any]]:
@@ -42,11 +42,12 @@ def leaves(node: Any, path: str = "") -> Iterator[tuple[str, Any]]:
 
 
 def is_timing(path: str) -> bool:
-    """Whether the leaf measures the run (a duration or a date), not the candidate.
+    """Whether the leaf measures the run (a duration, a date, a peak of memory), not the candidate.
 
     >>> [is_timing(p) for p in ("gates.longgen.seconds", "stages.calibrate.seconds", "calibration.calibration_seconds",
-    ...                          "gates.agreement.details.kld.mean", "created", "x.wall_s", "gates.quality.details.bleu.s")]
-    [True, True, True, False, True, True, True]
+    ...                          "gates.agreement.details.kld.mean", "created", "x.wall_s", "gates.quality.details.bleu.s",
+    ...                          "stages.gate_agreement.memory.peak_rss_bytes", "model.snapshot.bytes")]
+    [True, True, True, False, True, True, True, True, False]
     """
     key = re.sub(r"\[\d+\]$", "", path).split(".")[-1]
     return bool(TIMING.search(key))

@@ -106,6 +106,7 @@ class Session:
         self._reference = None
         self._ref_engine = None
         if self._snapshot is not None:
+            _ = self._snapshot.description, self._snapshot.config  # kept: what stands for the reference while it is away
             self._snapshot.real = None
             self._snapshot.live.clear()
         free_memory()

@@ -56,9 +56,8 @@ class SnapshotReference(Engine):
         self.store = store
         self.topk = topk
         self.audit = audit
-        self.description = description if description is not None else real.describe()  # type: ignore[union-attr]
-        self.config = config if config is not None else getattr(getattr(real, "model", None), "config", None)
-        self.backend = str(self.description.get("backend", "hf"))
+        self._description = description
+        self._config = config
         self.forward_calls = 0
         self.reused_calls = 0
         self.compute_seconds = 0.0
@@ -79,7 +78,23 @@ class SnapshotReference(Engine):
         finally:
             self._dependent -= 1
 
-    # what the gates read besides model outputs: the real engine's (no forward pass)
+    # what the gates read besides model outputs: the real engine's (no forward pass), kept for when it leaves
+    @property
+    def description(self) -> dict[str, Any]:
+        if self._description is None:
+            self._description = self.real.describe()  # type: ignore[union-attr]
+        return self._description
+
+    @property
+    def config(self) -> Any:
+        if self._config is None and self.real is not None:
+            self._config = getattr(getattr(self.real, "model", None), "config", None)
+        return self._config
+
+    @property
+    def backend(self) -> str:  # type: ignore[override]
+        return str(self.description.get("backend", "hf"))
+
     @property
     def device(self) -> str:
         return str(self.description.get("device"))
