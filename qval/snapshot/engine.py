@@ -202,7 +202,7 @@ class SnapshotReference(Engine):
             return got
         t0 = time.perf_counter()
         gen = self._engine("generate").generate(prompts, max_new_tokens, suppress_eos=suppress_eos, batch_size=batch_size, progress=progress)
-        self.store.put_generation(key, gen, time.perf_counter() - t0)
+        self.store.put_generation(key, gen)
         self._computed(t0)
         return gen
 

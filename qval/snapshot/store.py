@@ -108,9 +108,10 @@ class SnapshotStore:
         self.read += 1
         return gen
 
-    def put_generation(self, call_key: str, gen: Generation, seconds: float) -> None:
+    def put_generation(self, call_key: str, gen: Generation) -> None:
+        # no timing in the entry: the folder's bytes are the same from run to run (the report states them)
         self.manifest()
-        atomic_write_json(self._file(call_key, "json"), {"key": call_key, "seconds": round(seconds, 2), "generation": gen.to_dict()})
+        atomic_write_json(self._file(call_key, "json"), {"key": call_key, "generation": gen.to_dict()})
         self.written += 1
 
     def size_bytes(self) -> int:
