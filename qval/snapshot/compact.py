@@ -93,10 +93,6 @@ class RefLogits:
     def device(self) -> torch.device:
         return self.best.device
 
-    @property
-    def k(self) -> int | None:
-        return None if self.top_logp is None else int(self.top_logp.shape[-1])
-
     def _map(self, fn: Any) -> "RefLogits":
         return replace(self, **{f.name: fn(getattr(self, f.name)) for f in fields(self)
                                 if isinstance(getattr(self, f.name), Tensor)})
@@ -182,8 +178,7 @@ def kld_terms(ref: RefLogits, lp_cand: Tensor) -> tuple[Tensor, Tensor]:
     KLD(ref‖cand) as the module docstring defines them; exact (both equal) in exact mode."""
     dev = lp_cand.device
     if ref.full is not None:
-        lr = ref.full.to(dev)
-        kld = (lr.exp() * (lr - lp_cand)).sum(dim=-1)
+        kld = kld_rows(ref.full.to(dev), lp_cand.clone())  # token_stats' own formula (it consumes its second argument)
         return kld, kld
     top_lr = ref.top_logp.to(dev)
     idx = ref.top_idx.to(dev).long()

@@ -35,7 +35,6 @@ class SnapshotStore:
         self.key = hash_json(self.inputs)
         self.path = Path(root) / "snapshot" / self.key[:16]
         self.written = 0  # entries this process computed and stored
-        self.read = 0  # entries this process found and reused
         self.bytes_written = 0
 
     def manifest(self) -> dict[str, Any]:
@@ -69,7 +68,6 @@ class SnapshotStore:
                           for i in range(meta["blocks"])]
         except (OSError, ValueError, KeyError, TypeError, zipfile.BadZipFile, EOFError):
             return None
-        self.read += 1
         return blocks
 
     def put_logits(self, call_key: str, blocks: list[RefLogits]) -> None:
@@ -105,7 +103,6 @@ class SnapshotStore:
             gen = Generation.from_dict(blob["generation"])
         except (OSError, ValueError, KeyError, TypeError, AttributeError):
             return None
-        self.read += 1
         return gen
 
     def put_generation(self, call_key: str, gen: Generation) -> None:
