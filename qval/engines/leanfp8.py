@@ -11,8 +11,13 @@ step for the fake-quant candidate against 87 ms for the reference, ~130 µs per 
 with the scale and its inverse computed once from the calibrated amax (the same float32 ops:
 448 / amax, 1 / scale), then `F.linear` with the folded weight. It then checks itself: one batch
 through the model before and after must give bit-identical logits, or every linear is put back and
-the engine notes why. Only CPU tensors take the lean path (on a GPU ModelOpt may use its CUDA
-kernel, and the decode step runs as a CUDA graph, where this overhead does not exist).
+the engine notes why.
+
+On a GPU (`install(..., gpu=True)`) the same arithmetic runs as one fused kernel per linear
+(`torch.compile` of `_qdq`), under the same bit-identity check: there the host overhead is gone
+(the decode step is a CUDA graph) but each of ModelOpt's dozen small ops is still a kernel launch
+on the device, ×7 linears × every layer, every step (an 8B FP8 candidate decoded at batch 8 in
+14.5 ms per step against the reference's 8.4: RESULTS.md §14).
 """
 
 from __future__ import annotations
@@ -42,7 +47,13 @@ def _eligible(m: torch.nn.Module) -> bool:
     )
 
 
-def _lean(m: torch.nn.Module) -> Any:
+def _qdq(x: torch.Tensor, scale: torch.Tensor, scale_inv: torch.Tensor) -> torch.Tensor:
+    """fp8_eager's quantize-dequantize: scale, clamp to ±448, cast to float8_e4m3fn and back, unscale."""
+    q = (x.to(torch.float32) * scale).clamp(min=-FP8_MAX, max=FP8_MAX)
+    return q.to(torch.float8_e4m3fn).to(torch.float32).mul(scale_inv).to(x.dtype)
+
+
+def _lean(m: torch.nn.Module, fused: Any = None) -> Any:
     """The lean forward of one linear, its tensors bound once (a quantized module's attribute
     access goes through ModelOpt's dynamic-module machinery on every call)."""
     original = m.forward
@@ -52,8 +63,12 @@ def _lean(m: torch.nn.Module) -> Any:
     scale_inv = 1 / scale
 
     def forward(x: torch.Tensor) -> torch.Tensor:
-        if x.device.type != "cpu" or x.numel() == 0:
+        if x.numel() == 0:
             return original(x)
+        if x.device.type != "cpu":
+            if fused is None or x.device != scale.device:
+                return original(x)
+            return F.linear(fused(x, scale, scale_inv), weight, bias)
         dtype = x.dtype
         q = (x.to(torch.float32) * scale).clamp_(min=-FP8_MAX, max=FP8_MAX)
         q = q.to(torch.float8_e4m3fn).to(torch.float32).mul_(scale_inv).to(dtype)
@@ -68,17 +83,22 @@ def _restore(mods: list[torch.nn.Module]) -> None:
         m.forward = m.forward.modelopt_forward
 
 
-def install(model: torch.nn.Module, probe: torch.Tensor) -> tuple[int, str | None]:
+def install(model: torch.nn.Module, probe: torch.Tensor, gpu: bool = False) -> tuple[int, str | None]:
     """Lean forwards on the eligible linears; (how many, None) or (0, why not) after the self-check
-    on `probe` (token ids, shape [batch, tokens])."""
+    on `probe` (token ids, shape [batch, tokens]). `gpu`: the fused kernel for CUDA tensors."""
     mods = [m for m in model.modules() if _eligible(m)]
     if not mods:
         return 0, None
     with torch.no_grad():
         before = model(input_ids=probe, use_cache=False).logits
+        fused = torch.compile(_qdq, dynamic=True) if gpu else None
         for m in mods:
-            m.forward = _lean(m)
-        after = model(input_ids=probe, use_cache=False).logits
+            m.forward = _lean(m, fused)
+        try:
+            after = model(input_ids=probe, use_cache=False).logits
+        except Exception as err:  # noqa: BLE001 - e.g. no compiler for the fused kernel: ModelOpt's forward stays
+            _restore(mods)
+            return 0, f"lean FP8 forward failed ({type(err).__name__}: {str(err).splitlines()[0][:200]}); ModelOpt's forward kept"
     if not torch.equal(before, after):
         _restore(mods)
         diff = (before - after).abs().max().item()
@@ -86,8 +106,9 @@ def install(model: torch.nn.Module, probe: torch.Tensor) -> tuple[int, str | Non
     return len(mods), None
 
 
-def describe(count: int) -> list[str]:
-    return [f"{count} FP8 linears run a lean CPU forward: ModelOpt's fp8_eager arithmetic with the scale computed once "
+def describe(count: int, gpu: bool = False) -> list[str]:
+    where = "GPU forward (one fused kernel per linear)" if gpu else "CPU forward"
+    return [f"{count} FP8 linears run a lean {where}: ModelOpt's fp8_eager arithmetic with the scale computed once "
             "(bit-identical logits, checked when the engine is built)"] if count else []
 
 

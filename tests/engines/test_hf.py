@@ -127,3 +127,52 @@ def test_static_decoder_refuses_a_prompt_that_overruns_its_cache():
 def test_auto_takes_the_plain_path_on_cpu(default_model):
     engine = HFEngine(default_model.model, default_model.tokenizer)
     assert engine.decode_path() == "plain" and engine.describe()["decode"] == "plain"
+
+
+def test_attending_over_the_filled_slots_only_keeps_the_greedy_tokens(default_model, monkeypatch):
+    """Buckets of 4 slots: the steps of a 12-token generation attend over 5 different lengths
+    (decode_attention.py), K/V heads read once per GQA group, and emit the plain path's tokens,
+    as the whole-cache step does."""
+    from qval.engines import static_decode
+
+    monkeypatch.setattr(static_decode, "BUCKET", 4)
+    lengths = []
+    step = static_decode.StaticDecoder._step
+    monkeypatch.setattr(static_decode.StaticDecoder, "_step", lambda self, length: (lengths.append(length), step(self, length)))
+    tok = default_model.tokenizer
+    ids = [tok(p)["input_ids"] for p in PROMPTS]
+    plain = HFEngine(default_model.model, tok, decode="plain").generate(ids, 12, suppress_eos=True, batch_size=3)
+    filled = HFEngine(default_model.model, tok, decode="static").generate(ids, 12, suppress_eos=True, batch_size=3)
+    seen = sorted(set(lengths))
+    whole = HFEngine(default_model.model, tok, decode="static")
+    whole.static_filled = False
+    lengths.clear()
+    full = whole.generate(ids, 12, suppress_eos=True, batch_size=3)
+    assert filled.tokens == full.tokens == plain.tokens
+    assert len(seen) >= 3 and max(seen) < 256 and set(lengths) == {256}  # 256: the whole cache
+
+
+def test_decode_attention_equals_transformers_sdpa_over_the_whole_cache(monkeypatch):
+    from transformers.integrations import sdpa_attention
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    from qval.engines import decode_attention
+
+    g = torch.Generator().manual_seed(0)
+    b, hkv, group, d, slots, seen = 3, 2, 4, 16, 40, 13
+    q = torch.randn(b, hkv * group, 1, d, generator=g)
+    k, v = torch.randn(b, hkv, slots, d, generator=g), torch.randn(b, hkv, slots, d, generator=g)
+    mask = torch.zeros(b, 1, 1, slots, dtype=torch.bool)
+    mask[..., :seen] = True
+    mask[1, ..., :4] = False  # a left-padded row
+    module = torch.nn.Module()
+    module.num_key_value_groups, module.is_causal = group, True
+    want, _ = sdpa_attention_forward(module, q, k, v, mask, scaling=d ** -0.5)
+    monkeypatch.setattr(sdpa_attention, "sdpa_attention_forward", None)  # its own path, not transformers'
+    decode_attention._state.length = 16  # a bucket past the seen slots, short of the cache
+    try:
+        got, _ = decode_attention.attention(module, q, k, v, mask, scaling=d ** -0.5)
+    finally:
+        decode_attention._state.length = None
+    assert got.shape == want.shape == (b, 1, hkv * group, d)
+    torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-6)
