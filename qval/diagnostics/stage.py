@@ -11,6 +11,7 @@ from __future__ import annotations
 import copy
 import csv
 import io
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -31,7 +32,13 @@ Session = Any
 
 
 def restore_unfolded(s: "Session", calib: "Stage") -> torch.nn.Module:
-    """The calibrated candidate with its weight quantizers still live (fakequant folds them)."""
+    """The calibrated candidate with its weight quantizers still live (fakequant folds them). A
+    sequential run (one model in memory) restores onto the reference's own weights in place, and
+    the reference leaves the session: what diagnostics needs of it was taken before (`run_diagnostics`)."""
+    if s.sequential:
+        model = s.reference.model
+        s.release_reference("its weights carry the diagnostics' unfolded candidate now")
+        return restore_state(model, calib.path / "quant_state.pt").eval()
     model = restore_state(copy.deepcopy(s.reference.model), calib.path / "quant_state.pt")
     return model.eval()
 
@@ -58,7 +65,7 @@ def slice_ctx(cfg: Any) -> int:
 def slice_chunks(s: "Session") -> list[list[int]]:
     g, d = s.config.gates.agreement, s.config.diagnostics
     ds = load_dataset(g.dataset, s.config.resolve(g.dataset))
-    tok = s.reference.tokenizer
+    tok = s.tokenizer
     ctx = slice_ctx(s.config)
     chunks = chunk(token_stream(ds.texts(), tok, tok.eos_token_id), ctx, limit=d.slice_chunks)
     if not chunks:
@@ -84,13 +91,18 @@ def run_diagnostics(s: "Session", calib: "Stage | None", want_sensitivity: bool)
         sens = s.run.stage("sensitivity", {**_key_inputs(s, calib), "chunks": d.slice_chunks, "ctx": slice_ctx(s.config),
                                            "data": dataset_identity(g.dataset, s.config.resolve(g.dataset))})
     todo = [st for st in (diag, sens) if st is not None and not st.is_done()]
+    # everything the stages need of the reference, before the candidate is restored (in a sequential
+    # run onto the reference's own weights): its device, the calibration batches, the slices' logits
+    device = s.reference.device if todo else None
+    if diag in todo:
+        torch.manual_seed(s.config.seed)
+        batches = calibration_batches(s)[0][: d.batches]
+    scorer = _scorer(s, device) if sens is not None and sens in todo else None
     model = restore_unfolded(s, calib) if todo else None
     if model is not None and diag in todo:
         started = diag.begin()
-        torch.manual_seed(s.config.seed)
-        batches = calibration_batches(s)[0][: d.batches]
         with s.progress.task("diagnose: scale statistics", len(batches)) as advance, torch.no_grad():
-            rows = scales.collect(model, iter_quantizers(model), batches, s.reference.device, lambda i: advance(1))
+            rows = scales.collect(model, iter_quantizers(model), batches, device, lambda i: advance(1))
         flagged = scales.apply_rules(rows)
         result = {"layers": rows, "rules": scales.rules_doc(), "flagged": [r["quantizer"] for r in flagged],
                   "activation_batches": len(batches), "activation_tokens": int(sum(b.numel() for b in batches)),
@@ -104,18 +116,28 @@ def run_diagnostics(s: "Session", calib: "Stage | None", want_sensitivity: bool)
     out = read_json(diag.path / "diagnostics.json")
     out["weights"]["effective_bits"] = effective_bits(out["weights"])
     if sens is not None:
-        out["sensitivity"] = _sensitivity(s, sens, model)
+        out["sensitivity"] = _sensitivity(s, sens, model, scorer)
     return out
 
 
-def _sensitivity(s: "Session", stage: "Stage", model: torch.nn.Module | None) -> dict[str, Any]:
+def _scorer(s: "Session", device: str) -> sensitivity.SliceScorer:
+    """The slices' reference logits, computed now: from the model, or in a sequential run through
+    the snapshot (stored compactly, without the full logits: one model in memory, and the next run
+    reads them back); their KLD is then the snapshot's estimate."""
+    logits = s.ref_engine.logits
+    if s.sequential:
+        snap = s.gate_reference(s.run.path.parent / ".reference")
+        logits = lambda x: replace(snap.logits(x), source=None)  # noqa: E731
+    return sensitivity.SliceScorer(logits, slice_chunks(s), device, batch_size=s.config.gates.agreement.batch_size)
+
+
+def _sensitivity(s: "Session", stage: "Stage", model: torch.nn.Module | None,
+                 scorer: sensitivity.SliceScorer | None) -> dict[str, Any]:
     if stage.is_done():
         s.run.record(stage, cached=True)
         return read_json(stage.path / "sensitivity.json")
     started = stage.begin()
     quantizers = dict(iter_quantizers(model))
-    scorer = sensitivity.SliceScorer(s.ref_engine.logits, slice_chunks(s), s.reference.device,
-                                     batch_size=s.config.gates.agreement.batch_size)
     with s.progress.task("sensitivity: one slice per layer and per projection", sensitivity.steps(quantizers)) as advance:
         result = sensitivity.rank(model, quantizers, scorer, on_step=advance)
     atomic_write_json(stage.path / "sensitivity.json", result)

@@ -10,6 +10,7 @@ import dataclasses
 import json
 
 import pytest
+import torch
 from typer.testing import CliRunner
 
 from qval import pipeline
@@ -89,3 +90,34 @@ def test_sequential_run_equals_both_in_memory(tmp_path, default_model, monkeypat
     fill = seq["model"]["snapshot_fill"]["gates"]
     assert all(seq["gates"][g]["details"]["snapshot"]["reference_forward_calls"] == 0 for g in GATES)
     assert sum(f["reference_forward_calls"] for f in fill.values()) == seq["model"]["snapshot"]["reference_forward_calls"] > 0
+
+
+@pytest.mark.slow
+def test_sequential_diagnostics_hold_one_model(tmp_path, default_model, monkeypatch):
+    """`qval diagnose` in sequential mode restores the calibrated candidate onto the reference's own
+    weights (no copy of the model anywhere in the diagnostics stages) and ranks sensitivity against
+    the slices' reference logits kept compactly in the snapshot: the scale statistics are the
+    in-memory run's to the last digit, the ranking's KLDs the snapshot's estimates of the same.
+    (Before: the diagnostics deep-copied the reference beside it — two models in memory.)"""
+    real_deepcopy = copy.deepcopy
+    monkeypatch.setattr(pipeline, "load_model",  # each load a fresh copy of the session's model
+                        lambda cfg: dataclasses.replace(default_model, model=real_deepcopy(default_model.model)))
+    diag = {"enabled": True, "batches": 1, "sensitivity": "always", "slice_chunks": 1, "slice_ctx": 64}
+    code, _, out = invoke(tmp_path, "diagnose", config("both", diagnostics=diag))
+    assert code == 0, out
+    both = json.loads((tmp_path / "reports" / "both" / "diagnostics.json").read_text())["diagnostics"]
+
+    def no_model_copies(obj, *a, **k):  # noqa: ANN001, ANN002, ANN003, ANN202
+        assert not isinstance(obj, torch.nn.Module), "a sequential run copied a model"
+        return real_deepcopy(obj, *a, **k)
+
+    monkeypatch.setattr(copy, "deepcopy", no_model_copies)  # anywhere in qval: the loads above are the only copies
+    (tmp_path / "seq").mkdir()
+    code, _, out = invoke(tmp_path / "seq", "diagnose", config("seq", diagnostics=diag, snapshot={"sequential": True}))
+    assert code == 0, out
+    seq = json.loads((tmp_path / "seq" / "reports" / "seq" / "diagnostics.json").read_text())["diagnostics"]
+    assert seq["layers"] == both["layers"]
+    a, b = both["sensitivity"], seq["sensitivity"]
+    assert [r["name"] for r in a["layers"]] and len(a["layers"]) == len(b["layers"])
+    base_a, base_b = a["base_kld"]["value"], b["base_kld"]["value"]
+    assert a["positions"] == b["positions"] and abs(base_b / base_a - 1) < 0.02, (base_a, base_b)
