@@ -213,6 +213,7 @@ def kld_terms(ref: RefLogits, lp_cand: Tensor) -> tuple[Tensor, Tensor]:
     log_m = top_lr[:, -1:]
     # Σ_tail w·p_c, w = _split_weight (below): the part of the e^(−r) term summed exactly
     above = (masked > log_m).nonzero()  # w = 0 elsewhere: few tokens per row
+    # (index_add_ on CUDA is deterministic under torch.use_deterministic_algorithms, which qval's determinism sets)
     lp_above = masked[above[:, 0], above[:, 1]]
     exact_part = torch.zeros_like(log_tc).index_add_(0, above[:, 0], _split_weight(lp_above, log_m[above[:, 0], 0]) * lp_above.exp())
     masked.scatter_(1, idx, float("inf"))  # the top k never counts among the least likely
