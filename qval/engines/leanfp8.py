@@ -49,8 +49,8 @@ def _eligible(m: torch.nn.Module) -> bool:
 
 def _qdq(x: torch.Tensor, scale: torch.Tensor, scale_inv: torch.Tensor) -> torch.Tensor:
     """fp8_eager's quantize-dequantize: scale, clamp to ±448, cast to float8_e4m3fn and back, unscale."""
-    q = (x.to(torch.float32) * scale).clamp(min=-FP8_MAX, max=FP8_MAX)
-    return q.to(torch.float8_e4m3fn).to(torch.float32).mul(scale_inv).to(x.dtype)
+    q = (x.to(torch.float32) * scale).clamp_(min=-FP8_MAX, max=FP8_MAX)  # in place: fresh tensors only
+    return q.to(torch.float8_e4m3fn).to(torch.float32).mul_(scale_inv).to(x.dtype)
 
 
 def _lean(m: torch.nn.Module, fused: Any = None) -> Any:
@@ -65,14 +65,11 @@ def _lean(m: torch.nn.Module, fused: Any = None) -> Any:
     def forward(x: torch.Tensor) -> torch.Tensor:
         if x.numel() == 0:
             return original(x)
-        if x.device.type != "cpu":
-            if fused is None or x.device != scale.device:
-                return original(x)
-            return F.linear(fused(x, scale, scale_inv), weight, bias)
-        dtype = x.dtype
-        q = (x.to(torch.float32) * scale).clamp_(min=-FP8_MAX, max=FP8_MAX)
-        q = q.to(torch.float8_e4m3fn).to(torch.float32).mul_(scale_inv).to(dtype)
-        return F.linear(q, weight, bias)
+        if x.device.type == "cpu":
+            return F.linear(_qdq(x, scale, scale_inv), weight, bias)
+        if fused is None or x.device != scale.device:
+            return original(x)
+        return F.linear(fused(x, scale, scale_inv), weight, bias)
 
     forward.modelopt_forward = original  # type: ignore[attr-defined]
     return forward

@@ -35,7 +35,8 @@ tests/snapshot/test_compact.py measures that case, the upper bound covers it, `t
 
 The estimate is held between two bounds. Lumping the tail into one outcome, Σ_top … +
 T_r·(log T_r − log T_c), is a LOWER bound of the true KLD (the log-sum inequality). The largest the
-true value can be is found from the candidate's own distribution: every tail token has p_r(v) ≤ m (the reference's k-th probability), so the tail's contribution Σ p_r·log(p_r/p_c)
+true value can be is found from the candidate's own distribution: every tail token has
+p_r(v) ≤ m (the reference's k-th probability), so the tail's contribution Σ p_r·log(p_r/p_c)
 (convex in p_r) is largest when mass m sits on the candidate's least likely tail tokens, in order.
 `upper` is that maximum (computed over the `BOUND_TOKENS` least likely tokens; mass beyond them is
 charged at the last one's probability and at log m, which only raises it): the true KLD lies in
