@@ -37,19 +37,20 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def documents(path: Path, tok_encode: Any, max_tokens: int) -> tuple[list[str], list[list[int]]]:
-    """Whole documents of the held-out set, in order, until `max_tokens` tokens."""
+    """Whole documents of the held-out set, in order, until `max_tokens` tokens (the set repeated
+    when it holds fewer)."""
     from qval.data import load_dataset
 
     texts, ids, total = [], [], 0
-    for t in load_dataset(str(path), path).texts():
-        toks = tok_encode(t)
-        if not toks:
-            continue
-        texts.append(t)
-        ids.append(toks)
-        total += len(toks)
-        if total >= max_tokens:
-            break
+    every = [t for t in load_dataset(str(path), path).texts() if tok_encode(t)]
+    while every and total < max_tokens:  # past the set's end: its documents again, in order (a speed run's budget)
+        for t in every:
+            toks = tok_encode(t)
+            texts.append(t)
+            ids.append(toks)
+            total += len(toks)
+            if total >= max_tokens:
+                break
     return texts, ids
 
 
@@ -95,6 +96,95 @@ def forward_only(engine: Any, windows: list[tuple[list[int], int]], batch: int, 
         engine.logits(torch.tensor([w + [pad] * (width - len(w)) for w, _ in group]))
 
 
+def gate1_pass(ref: Any, cand: Any, windows: list[tuple[list[int], int]], batch: int, pad: int) -> torch.Tensor:
+    """qval's gate-1 figures over the same windows: reference and candidate logits of each batch,
+    KLD(ref‖cand), top-1 agreement and both NLLs of every scored position in the same pass
+    (`token_stats`, as gate 1 computes them). Returns the reference's NLLs (its perplexity)."""
+    from qval.metrics.tokens import token_stats
+
+    parts = []
+    for b0 in range(0, len(windows), batch):
+        group = windows[b0 : b0 + batch]
+        width = max(len(w) for w, _ in group)
+        x = torch.tensor([w + [pad] * (width - len(w)) for w, _ in group])
+        lr, lc = ref.logits(x), cand.logits(x)
+        for row, (w, scored) in enumerate(group):
+            n = len(w)
+            s = token_stats(lr[row, n - scored - 1 : n - 1], lc[row, n - scored - 1 : n - 1], torch.tensor(w[n - scored :]))
+            parts.append(s["nll_ref"])
+        del lr, lc
+    return torch.cat(parts)
+
+
+def compare(model: Any, tokenizer: Any, *, name: str, dtype: str, dataset: Path, max_tokens: int, window: int, batch: int,
+            reps: int, candidate: Any = None) -> dict[str, Any]:
+    """lm-eval's `loglikelihood_rolling` and qval's windows on one model object, interleaved
+    `reps` times with the bare forwards of the same windows; with `candidate` (an Engine), also
+    qval's gate-1 pass (reference + candidate, KLD/top-1 in the same pass) over the same windows."""
+    import importlib.metadata as md
+
+    from lm_eval.api.instance import Instance
+    from lm_eval.models.huggingface import HFLM
+
+    from qval.engines.hf import HFEngine
+    from qval.metrics import perplexity
+
+    device = str(next(model.parameters()).device)
+    lm = HFLM(pretrained=model, tokenizer=tokenizer, batch_size=batch, max_length=window, device=device)
+    texts, docs = documents(dataset, lm.tok_encode, max_tokens)
+    n_tokens = sum(len(d) for d in docs)
+    requests = [Instance(request_type="loglikelihood_rolling", doc={}, arguments=(t,), idx=i) for i, t in enumerate(texts)]
+    engine = HFEngine(model, tokenizer)
+    windows = qval_windows(docs, lm.prefix_token_id, window)
+    assert sum(s for _, s in windows) == n_tokens, "qval's windows must score every token exactly once"
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+
+    def sync() -> None:
+        if device.startswith("cuda"):
+            torch.cuda.synchronize()
+
+    def run_lmeval() -> float:
+        return float(sum(lm.loglikelihood_rolling(requests, disable_tqdm=True)))
+
+    jobs: dict[str, Any] = {"lm_eval": run_lmeval, "qval": lambda: qval_nll(engine, windows, batch, pad),
+                            "forward_only": lambda: forward_only(engine, windows, batch, pad)}
+    if candidate is not None:
+        jobs["qval_gate1_pass"] = lambda: gate1_pass(engine, candidate, windows, batch, pad)
+        jobs["forward_only_both"] = lambda: (forward_only(engine, windows, batch, pad), forward_only(candidate, windows, batch, pad))
+    times: dict[str, list[float]] = {k: [] for k in jobs}
+    results: dict[str, Any] = {}
+    for fn in jobs.values():  # warm-up (first-call allocations, kernel selection) for everyone: same model, same shapes
+        fn()
+    for _ in range(reps):  # interleaved, so a change of machine load hits all of them alike
+        for k, fn in jobs.items():
+            sync()
+            t0 = time.perf_counter()
+            results[k] = fn()
+            sync()
+            times[k].append(time.perf_counter() - t0)
+    ppl_lm = math.exp(-results["lm_eval"] / n_tokens)
+    ppl_q = perplexity(results["qval"].numpy()).value
+    med = {k: statistics.median(v) for k, v in times.items()}
+    out = {
+        "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "machine": {"cpu": platform.processor() or platform.machine(), "cores": os.cpu_count(), "torch_threads": torch.get_num_threads(),
+                    "load_average": os.getloadavg(), "device": device,
+                    "gpu": torch.cuda.get_device_name(0) if device.startswith("cuda") else None},
+        "versions": {p: md.version(p) for p in ("lm_eval", "torch", "transformers")},
+        "model": name, "dtype": dtype, "documents": len(docs), "tokens": n_tokens,
+        "window": window, "batch": batch, "windows": len(windows), "reps": reps,
+        "ppl_lm_eval": ppl_lm, "ppl_qval": ppl_q, "rel_diff": abs(ppl_q - ppl_lm) / ppl_lm,
+        "seconds": times, "median_s": med, "speed_ratio_qval_over_lm_eval": med["lm_eval"] / med["qval"],
+        "lm_eval_over_forward": med["lm_eval"] / med["forward_only"], "qval_over_forward": med["qval"] / med["forward_only"],
+    }
+    if candidate is not None:
+        ppl_g = perplexity(results["qval_gate1_pass"].numpy()).value
+        out.update(ppl_qval_gate1_pass=ppl_g, rel_diff_gate1_pass=abs(ppl_g - ppl_lm) / ppl_lm,
+                   speed_ratio_gate1_pass_over_lm_eval=med["lm_eval"] / med["qval_gate1_pass"],
+                   gate1_pass_over_both_forwards=med["qval_gate1_pass"] / med["forward_only_both"])
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--dataset", default=str(ROOT / "calib_data/heldout_eval.jsonl"))
@@ -105,60 +195,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", default="peer_out")
     args = ap.parse_args(argv)
 
-    import importlib.metadata as md
-
-    from lm_eval.api.instance import Instance
-    from lm_eval.models.huggingface import HFLM
-
     from qval.config import ModelConfig
-    from qval.engines.hf import HFEngine
-    from qval.metrics import perplexity
     from qval.models import load_model
 
     loaded = load_model(ModelConfig())
-    lm = HFLM(pretrained=loaded.model, tokenizer=loaded.tokenizer, batch_size=args.batch, max_length=args.window,
-              device=str(loaded.device))
-    texts, docs = documents(Path(args.dataset), lm.tok_encode, args.max_tokens)
-    n_tokens = sum(len(d) for d in docs)
-    requests = [Instance(request_type="loglikelihood_rolling", doc={}, arguments=(t,), idx=i) for i, t in enumerate(texts)]
-    engine = HFEngine(loaded.model, loaded.tokenizer)
-    windows = qval_windows(docs, lm.prefix_token_id, args.window)
-    assert sum(s for _, s in windows) == n_tokens, "qval's windows must score every token exactly once"
-    pad = loaded.tokenizer.pad_token_id
-
-    def run_lmeval() -> float:
-        return float(sum(lm.loglikelihood_rolling(requests, disable_tqdm=True)))
-
-    def run_qval() -> torch.Tensor:
-        return qval_nll(engine, windows, args.batch, pad)
-
-    times: dict[str, list[float]] = {"lm_eval": [], "qval": [], "forward_only": []}
-    results: dict[str, Any] = {}
-    run_qval()  # warm-up (first-call allocations) for everyone: same model, same shapes
-    for _ in range(args.reps):  # interleaved, so a change of machine load hits all three alike
-        t0 = time.perf_counter()
-        results["lm_eval_loglik"] = run_lmeval()
-        times["lm_eval"].append(time.perf_counter() - t0)
-        t0 = time.perf_counter()
-        nll = run_qval()
-        times["qval"].append(time.perf_counter() - t0)
-        t0 = time.perf_counter()
-        forward_only(engine, windows, args.batch, pad)
-        times["forward_only"].append(time.perf_counter() - t0)
-    ppl_lm = math.exp(-results["lm_eval_loglik"] / n_tokens)
-    ppl_q = perplexity(nll.numpy()).value
-    med = {k: statistics.median(v) for k, v in times.items()}
-    out = {
-        "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        "machine": {"cpu": platform.processor() or platform.machine(), "cores": os.cpu_count(), "torch_threads": torch.get_num_threads(),
-                    "load_average": os.getloadavg(), "device": str(loaded.device)},
-        "versions": {p: md.version(p) for p in ("lm_eval", "torch", "transformers")},
-        "model": loaded.name, "dtype": loaded.compute_dtype, "documents": len(docs), "tokens": n_tokens,
-        "window": args.window, "batch": args.batch, "windows": len(windows), "reps": args.reps,
-        "ppl_lm_eval": ppl_lm, "ppl_qval": ppl_q, "rel_diff": abs(ppl_q - ppl_lm) / ppl_lm,
-        "seconds": times, "median_s": med, "speed_ratio_qval_over_lm_eval": med["lm_eval"] / med["qval"],
-        "lm_eval_over_forward": med["lm_eval"] / med["forward_only"], "qval_over_forward": med["qval"] / med["forward_only"],
-    }
+    out = compare(loaded.model, loaded.tokenizer, name=loaded.name, dtype=loaded.compute_dtype, dataset=Path(args.dataset),
+                  max_tokens=args.max_tokens, window=args.window, batch=args.batch, reps=args.reps)
     Path(args.out).mkdir(parents=True, exist_ok=True)
     from qval.io import atomic_write_json
 

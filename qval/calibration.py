@@ -29,10 +29,12 @@ def calibration_samples(cfg: GateConfig, tokenizer: Any) -> tuple[list[list[int]
     return samples, info
 
 
-def calibration_batches(s: Any) -> tuple[list[torch.Tensor], dict[str, Any]]:
+def calibration_batches(s: Any, batch_size: int | None = None) -> tuple[list[torch.Tensor], dict[str, Any]]:
+    """The calibration samples in batches: of `batch_size` (the size a finished calibration
+    recorded), else of the config's, `auto` deciding from the free memory now."""
     c = s.config.calibration
     samples, info = calibration_samples(s.config, s.reference.tokenizer)
-    bs = auto_batch_size(s) if c.batch_size == "auto" else c.batch_size
+    bs = batch_size or (auto_batch_size(s) if c.batch_size == "auto" else c.batch_size)
     batches = [torch.tensor(samples[i : i + bs]) for i in range(0, len(samples), bs)]
     return batches, {**info, "batch_size": bs}
 

@@ -96,7 +96,11 @@ def run_diagnostics(s: "Session", calib: "Stage | None", want_sensitivity: bool)
     device = s.reference.device if todo else None
     if diag in todo:
         torch.manual_seed(s.config.seed)
-        batches = calibration_batches(s)[0][: d.batches]
+        # the calibration's own batches: `batch_size: auto` decided again now would follow the free
+        # memory of this moment (both models, caches), and the statistics the batches they are given
+        # (measured on the H200: 62 then 54 samples in two runs of the same gate)
+        calibrated = (calib.meta().get("calibration") or {}).get("batch_size")
+        batches = calibration_batches(s, batch_size=calibrated)[0][: d.batches]
     scorer = _scorer(s, device) if sens is not None and sens in todo else None
     model = restore_unfolded(s, calib) if todo else None
     if model is not None and diag in todo:

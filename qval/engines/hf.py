@@ -26,6 +26,7 @@ import torch
 from ..memory import empty_tensors
 from .base import Engine, Generation
 from .kvcache import cpu_gqa_attention, growing_cache, install_prequantized_kv
+from . import fused_step
 from .static_decode import StaticDecoder
 
 DecodeMode = Literal["auto", "plain", "static"]
@@ -107,6 +108,7 @@ class HFEngine(Engine):
         self.decode = decode
         self._decoder: StaticDecoder | None = None
         self.static_filled = True  # static decode attends over the filled cache slots only (static_decode.py)
+        self.static_fused: bool | None = None  # its element-wise work compiled (fused_step.py); None: on a GPU
         self.kv_quantizers: dict[int, tuple[Any, Any]] = {}  # set by prequantize_kv()
 
     def prequantize_kv(self, on_gpu: bool = False) -> None:
@@ -238,11 +240,13 @@ class HFEngine(Engine):
     def static_decoder(self, batch: int, max_len: int, new_tokens: int, eos: list[int], suppress_eos: bool) -> StaticDecoder:
         """The engine's decoder for this shape; one is kept (its cache and graph reused), and a
         different shape replaces it."""
-        if self._decoder is None or not self._decoder.fits(batch, max_len, new_tokens, eos, suppress_eos, self.static_filled):
+        gpu = self.device.startswith("cuda")
+        fused = gpu if self.static_fused is None else self.static_fused
+        if self._decoder is None or not self._decoder.fits(batch, max_len, new_tokens, eos, suppress_eos, self.static_filled, fused):
             self._decoder = None  # free the old cache and graph first
             max_len = -(-max_len // CACHE_ROUND) * CACHE_ROUND
             self._decoder = StaticDecoder(self.model, batch, max_len, new_tokens, eos, suppress_eos,
-                                          use_graph=self.device.startswith("cuda"), filled=self.static_filled)
+                                          use_graph=gpu, filled=self.static_filled, fused=fused)
         return self._decoder
 
     def _generate_static(self, prompts: list[list[int]], max_new_tokens: int, suppress_eos: bool, batch_size: int,
@@ -266,11 +270,16 @@ class HFEngine(Engine):
                 progress(len(group))
         if dec.graph_error and not any("CUDA graph" in n for n in self.notes):
             self.notes.append(f"static decode ran without a CUDA graph: {dec.graph_error}")
+        if dec.fused is not None and (failed := fused_step.failures()) and not any("fused" in n for n in self.notes):
+            self.notes.append("static decode's fused element-wise kernels could not be compiled here, ran eagerly: "
+                              + "; ".join(f"{k}: {v}" for k, v in failed.items()))
         return Generation(tokens=tokens, first_nonfinite_step=bad, eos_step=eos_at)
 
     def describe(self) -> dict[str, Any]:
         d = super().describe()
         d["dtype"] = str(next(self.model.parameters()).dtype).removeprefix("torch.")
         d["decode"] = self.decode_path()
+        if self._decoder is not None and self._decoder.fused is not None:
+            d["decode_fused"] = self._decoder.fused  # modules whose decode-step element-wise work was compiled
         d["notes"] = self.notes
         return d

@@ -12,7 +12,7 @@ from contextlib import nullcontext
 
 import torch
 
-from . import decode_attention
+from . import decode_attention, fused_step
 
 BUCKET = 256  # cache slots per bucket: one CUDA graph each (a 2,048-token generation: ~9)
 
@@ -30,11 +30,12 @@ class StaticDecoder:
 
     With `filled` (and an sdpa model) a step attends over the first `_length(...)` slots only
     (the slots it can see, rounded up to `BUCKET`), one graph per length; without, over the
-    whole cache, one graph.
+    whole cache, one graph. With `fused`, a step's RMSNorms, rotary embeddings and SiLU·mul run
+    as compiled kernels (fused_step.py; the prefill stays eager).
     """
 
     def __init__(self, model: torch.nn.Module, batch: int, max_len: int, new_tokens: int, eos: list[int],
-                 suppress_eos: bool, use_graph: bool, filled: bool = True) -> None:
+                 suppress_eos: bool, use_graph: bool, filled: bool = True, fused: bool = False) -> None:
         from transformers import StaticCache
 
         self.model, self.batch, self.max_len, self.new_tokens = model, batch, max_len, new_tokens
@@ -58,13 +59,17 @@ class StaticDecoder:
         self.bad = torch.zeros(batch, new_tokens, dtype=torch.bool, device=dev)
         self.requested_filled = filled
         self.filled = filled and not self.additive and decode_attention.supported(model)
+        self.requested_fused = fused
+        self.fused = fused_step.install(model) if fused else None  # what was wrapped (None: not fused)
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}  # by attended length
         self.graph_error: str | None = None
         self.on_step: Callable[[int], None] | None = None  # called on the host after each step with the tokens done (benchmarks)
 
-    def fits(self, batch: int, max_len: int, new_tokens: int, eos: list[int], suppress_eos: bool, filled: bool = True) -> bool:
-        return (batch, new_tokens, suppress_eos, eos, filled) == (self.batch, self.new_tokens, self.suppress_eos,
-                                                                   self.eos.tolist(), self.requested_filled) and max_len <= self.max_len
+    def fits(self, batch: int, max_len: int, new_tokens: int, eos: list[int], suppress_eos: bool, filled: bool = True,
+             fused: bool = False) -> bool:
+        return (batch, new_tokens, suppress_eos, eos, filled, fused) == (
+            self.batch, self.new_tokens, self.suppress_eos, self.eos.tolist(), self.requested_filled, self.requested_fused
+        ) and max_len <= self.max_len
 
     def _emit(self, logits: torch.Tensor) -> None:
         scores = logits.float()
@@ -83,7 +88,7 @@ class StaticDecoder:
 
     def _step(self, length: int) -> None:
         """One decode step over `length` cache slots, device operations only (the body of a CUDA graph)."""
-        with decode_attention.active(self.model, length) if self.filled else nullcontext():
+        with decode_attention.active(self.model, length) if self.filled else nullcontext(), fused_step.active(self.fused is not None):
             out = self.model(input_ids=self.tok, position_ids=self.pos, cache_position=self.slot, attention_mask=self.mask,
                              past_key_values=self.cache, use_cache=True)
         self._emit(out.logits[:, -1, :])

@@ -34,12 +34,13 @@ from ..shortfall import shortfall
 from ..metrics import detect_loop, distinct_n, mean_estimate, seq_rep_n, sized_threshold, windows
 from ..metrics.agreement import SNAPSHOT_FIELDS, kld_bound_details
 from ..metrics.estimate import Estimate
-from ..metrics.tokens import first_nonfinite, nll_of_targets, token_stats
+from ..metrics.tokens import first_nonfinite
 from ..progress import SILENT
 from ..reference import GenerationSettings, paired_generations, render_prompts
 from ..snapshot.engine import ReferenceAbsent
 from ..verdict import GateResult, Threshold
 from .base import GateContext, GateSpec, candidate_dependent
+from .teacher_forced import judge_nll, judge_nll_rows, rows_at_once, teacher_forced, teacher_forced_rows  # noqa: F401
 
 LOOP_MAX_PERIOD = 64  # DESIGN: a period of at most 64 tokens ...
 LOOP_SPAN = 256  # ... repeating through the last 256
@@ -64,47 +65,6 @@ def records_for(cfg: GateConfig) -> tuple[list[dict[str, Any]], str | None]:
 
 def check(cfg: GateConfig, tokenizer: Any) -> str | None:
     return records_for(cfg)[1]
-
-
-def _pieces(engine: Any, ids: list[int], piece: int) -> Any:
-    return engine.logits_pieces(torch.tensor([ids]), piece)
-
-
-def teacher_forced(ctx: GateContext, prompt: list[int], cont: list[int], piece: int) -> dict[str, np.ndarray]:
-    """Per continuation position: KLD(ref‖cand), top-1 agreement, both NLLs, finiteness.
-
-    Logits at position t predict token t+1, so continuation token j (at t = len(prompt) + j)
-    is scored from the logits at t − 1. Both engines walk the sequence in the same pieces.
-    """
-    ids = prompt + cont
-    first, last = len(prompt) - 1, len(ids) - 1  # logits rows that predict continuation tokens
-    parts: dict[str, list[np.ndarray]] = {}
-    start = 0
-    for lr, lc in zip(_pieces(ctx.reference, ids, piece), _pieces(ctx.candidate, ids, piece)):
-        end = start + lr.shape[1]
-        lo, hi = max(start, first), min(end, last)
-        if lo < hi:
-            targets = torch.tensor(ids[lo + 1 : hi + 1])
-            s = token_stats(lr[0, lo - start : hi - start], lc[0, lo - start : hi - start], targets)
-            for k, v in s.items():
-                parts.setdefault(k, []).append(v.numpy())
-        start = end
-        del lr, lc
-    return {k: np.concatenate(v) for k, v in parts.items()}
-
-
-def judge_nll(ctx: GateContext, prompt: list[int], cont: list[int], piece: int) -> np.ndarray:
-    """The reference's NLL of each token of `cont` after `prompt` (the "judge" of a text)."""
-    ids = prompt + cont
-    first, last = len(prompt) - 1, len(ids) - 1
-    out, start = [], 0
-    for logits in _pieces(ctx.reference, ids, piece):
-        end = start + logits.shape[1]
-        lo, hi = max(start, first), min(end, last)
-        if lo < hi:
-            out.append(nll_of_targets(logits[0, lo - start : hi - start], torch.tensor(ids[lo + 1 : hi + 1])).numpy())
-        start = end
-    return np.concatenate(out) if out else np.zeros(0)
 
 
 def edges(n: int, edge: int) -> tuple[slice, slice]:
@@ -162,26 +122,32 @@ def run(ctx: GateContext) -> GateResult:
                               error=f"the {name} produced non-finite logits while generating: prompt {bad[0][0]}, step {bad[0][1]}")
 
     seqs: list[dict[str, Any]] = []
+    rows = rows_at_once(ctx)
+    info["teacher_forced_rows"] = rows
     with progress.task("gate 3: teacher-forced drift and judge NLL", len(prompts)) as advance:
-        for i, p in enumerate(prompts):
-            r, c = ref.generation.tokens[i], cand.tokens[i]
-            tf = teacher_forced(ctx, p, r, g.piece)
-            if (j := first_nonfinite(torch.from_numpy(tf["finite_ref"]))) is not None:
-                return GateResult("longgen", "error", details=info, seconds=time.perf_counter() - t0,
-                                  error=f"the REFERENCE produced non-finite logits on its own continuation of prompt {i}, position {j}")
-            if (j := first_nonfinite(torch.from_numpy(tf["finite_cand"]))) is not None:
-                return GateResult("longgen", "nonfinite", details=info, seconds=time.perf_counter() - t0,
-                                  error=f"the candidate produced non-finite logits scoring the reference's continuation of prompt {i}, position {j}")
+        for b0 in range(0, len(prompts), rows):
+            idx = list(range(b0, min(b0 + rows, len(prompts))))
+            tfs = teacher_forced_rows(ctx, [prompts[i] for i in idx], [ref.generation.tokens[i] for i in idx], g.piece)
+            for i, tf in zip(idx, tfs):
+                if (j := first_nonfinite(torch.from_numpy(tf["finite_ref"]))) is not None:
+                    return GateResult("longgen", "error", details=info, seconds=time.perf_counter() - t0,
+                                      error=f"the REFERENCE produced non-finite logits on its own continuation of prompt {i}, position {j}")
+                if (j := first_nonfinite(torch.from_numpy(tf["finite_cand"]))) is not None:
+                    return GateResult("longgen", "nonfinite", details=info, seconds=time.perf_counter() - t0,
+                                      error=f"the candidate produced non-finite logits scoring the reference's continuation of prompt {i}, position {j}")
             # an identical continuation needs no second pass: its judge NLL is the reference's own
-            judge: np.ndarray | None = tf["nll_ref"]
-            if c != r:
+            judges: dict[int, np.ndarray | None] = {i: tf["nll_ref"] for i, tf in zip(idx, tfs)}
+            differ = [i for i in idx if cand.tokens[i] != ref.generation.tokens[i]]
+            if differ:
                 try:
                     with candidate_dependent(ctx):
-                        judge = judge_nll(ctx, p, c, g.piece)
+                        judges.update(zip(differ, judge_nll_rows(ctx, [prompts[i] for i in differ], [cand.tokens[i] for i in differ], g.piece)))
                 except ReferenceAbsent:  # a sequential run: judged once the reference is back (complete)
-                    judge = None
-            seqs.append({"tf": tf, "judge_cand": judge, "ref": r, "cand": c, "prompt": p})
-            advance(1)
+                    judges.update(dict.fromkeys(differ))
+            for i, tf in zip(idx, tfs):
+                seqs.append({"tf": tf, "judge_cand": judges[i], "ref": ref.generation.tokens[i], "cand": cand.tokens[i],
+                             "prompt": prompts[i]})
+            advance(len(idx))
     rest = (records, seqs, ref.generation.eos_step, cand.eos_step, info)
     if any(x["judge_cand"] is None for x in seqs):
         atomic_write(ctx.folder / PENDING, lambda path: path.write_bytes(pickle.dumps(rest)))
@@ -204,10 +170,13 @@ def complete(ctx: GateContext, result: GateResult) -> GateResult:
         raise StorageError(f"{ctx.folder / PENDING}: the candidate phase's continuations cannot be read ({err}); "
                            "delete the folder and run the gate again.") from None
     g = ctx.config.gates.longgen
+    todo = [x for x in seqs if x["judge_cand"] is None]
+    rows = rows_at_once(ctx)
     with candidate_dependent(ctx):
-        for x in seqs:
-            if x["judge_cand"] is None:
-                x["judge_cand"] = judge_nll(ctx, x["prompt"], x["cand"], g.piece)
+        for b0 in range(0, len(todo), rows):
+            group = todo[b0 : b0 + rows]
+            for x, judge in zip(group, judge_nll_rows(ctx, [x["prompt"] for x in group], [x["cand"] for x in group], g.piece)):
+                x["judge_cand"] = judge
     return summarize(ctx.config, records, seqs, ref_eos, cand_eos, info, result.seconds + time.perf_counter() - t0)
 
 

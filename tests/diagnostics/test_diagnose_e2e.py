@@ -172,3 +172,23 @@ def test_fallback_excludes_that_layer_and_then_passes(planted, tmp_path):
     result = browser_check(tmp_path, html)
     # KLD histogram; weight SQNR, scale, range use, flushed (weight-only: no activation charts); 2 rankings
     assert result["images"] == 7 and result["loaded"] == result["images"]
+
+
+@pytest.mark.slow
+def test_diagnostics_take_the_calibrations_batches_whatever_the_free_memory_now(tmp_path, default_model, monkeypatch):
+    """`batch_size: auto` follows the free memory when it is decided. The calibration decides it
+    (here: 2) and records it; the diagnostics, later, with more in memory (here auto would say 1),
+    must take the calibration's batches, or two runs of one gate see different samples (on the
+    H200: 62 and 54 samples of activations in two runs of the same 8B gate)."""
+    from qval import calibration, pipeline
+
+    sizes = iter([2])
+    monkeypatch.setattr(pipeline, "load_model", lambda cfg: default_model)
+    monkeypatch.setattr(calibration, "auto_batch_size", lambda s: next(sizes, 1))
+    data = small_config("autobs", fmt="fp8", diagnostics={"batches": 1, "sensitivity": "never"})
+    data["calibration"].update(samples=4, seq_len=32, batch_size="auto")
+    code, out = cli("diagnose", "--config", str(write_config(tmp_path, data)), "--out", str(tmp_path / "out"), "-q")
+    assert code == 0, out
+    page = json.loads((tmp_path / "out" / "autobs" / "diagnostics.json").read_text())
+    assert page["calibration"]["calibration"]["batch_size"] == 2
+    assert page["diagnostics"]["activation_batches"] == 1 and page["diagnostics"]["activation_tokens"] == 2 * 32

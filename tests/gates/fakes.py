@@ -47,6 +47,7 @@ class FakeEngine(Engine):
         self.rule = rule
         self.nan_from = nan_from  # absolute position from which logits are NaN
         self.generate_calls = 0
+        self.pieces_rows: list[int] = []  # rows of each logits_pieces call
 
     @property
     def device(self) -> str:
@@ -63,9 +64,10 @@ class FakeEngine(Engine):
         return torch.stack([torch.stack([self._row(int(t), i) for i, t in enumerate(seq)]) for seq in input_ids])
 
     def logits_pieces(self, input_ids: torch.Tensor, piece: int) -> Iterator[torch.Tensor]:
-        ids = input_ids[0].tolist()
-        for s in range(0, len(ids), piece):
-            yield torch.stack([self._row(t, s + i) for i, t in enumerate(ids[s : s + piece])]).unsqueeze(0)
+        self.pieces_rows.append(input_ids.shape[0])
+        rows = input_ids.tolist()
+        for s in range(0, len(rows[0]), piece):
+            yield torch.stack([torch.stack([self._row(t, s + i) for i, t in enumerate(ids[s : s + piece])]) for ids in rows])
 
     def generate(self, prompts: list[list[int]], max_new_tokens: int, *, suppress_eos: bool, batch_size: int,
                  progress: Any = None) -> Generation:

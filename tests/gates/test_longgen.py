@@ -41,6 +41,38 @@ def make_ctx(tmp_path: Path, candidate: FakeEngine, reference: FakeEngine | None
                        folder=tmp_path / "gate_longgen", shared_cache=tmp_path / ".reference", reference_fingerprint="fake")
 
 
+class GpuFake(FakeEngine):
+    """The same model, said to be on a GPU: gate 3 scores its rows `batch_size` at a time."""
+
+    @property
+    def device(self) -> str:
+        return "cuda:0"
+
+
+@pytest.mark.parametrize("gpu_rows", [2, 3])
+def test_rows_scored_together_give_the_figures_of_one_row_at_a_time(tmp_path: Path, gpu_rows: int) -> None:
+    """Right-padded rows of different lengths (the prompts are 8, 3 and 13 tokens) through the
+    same pieces: every figure and series of the one-row run, and fewer, fuller passes."""
+    prompts = ["abcdefgh", "ijk", "lmnopqrstuvwx"]
+
+    def ctx(folder: Path, ref: FakeEngine, cand: FakeEngine) -> GateContext:
+        c = make_ctx(folder, cand, ref, batch_size=gpu_rows)
+        (folder / "prompts.jsonl").write_text("".join(json.dumps({"id": f"p{i}", "prompt": p}) + "\n" for i, p in enumerate(prompts)),
+                                              encoding="utf-8")
+        return c
+
+    one = run(ctx(tmp_path / "cpu", FakeEngine(walk), FakeEngine(collapse_after(P + 20))))
+    ref, cand = GpuFake(walk), GpuFake(collapse_after(P + 20))
+    many = run(ctx(tmp_path / "gpu", ref, cand))
+    assert one.status == many.status == "ok"
+    assert one.details["teacher_forced_rows"] == 1 and many.details["teacher_forced_rows"] == gpu_rows
+    assert {k: v.value for k, v in one.measurements.items()} == {k: v.value for k, v in many.measurements.items()}
+    assert one.details["windows"] == many.details["windows"] and one.details["per_prompt"] == many.details["per_prompt"]
+    # teacher-forced passes of both models, then the reference's judge of the differing continuations
+    assert max(cand.pieces_rows) == gpu_rows and len(cand.pieces_rows) == -(-3 // gpu_rows)
+    assert len(ref.pieces_rows) == 2 * len(cand.pieces_rows)
+
+
 def test_identical_candidate_has_exactly_zero_drift(tmp_path: Path) -> None:
     r = run(make_ctx(tmp_path, FakeEngine(walk)))
     assert r.status == "ok", r.error

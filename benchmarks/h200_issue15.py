@@ -1,0 +1,270 @@
+"""Issue 15 in one process on a GPU: decode, gate 3's teacher-forced passes, the lm-eval peer, the whole gate.
+
+    python3 benchmarks/nojit.py benchmarks/h200_issue15.py --tokenizer .tok --out $OUT [--deadline 540]
+    python3 benchmarks/nojit.py benchmarks/h200_issue15.py --real --out $OUT --only peer   # the built-in model
+
+On a random-weight Llama of the 8B layout (bf16) and its FP8 fake-quant candidate (calibrated as
+`bench.py` does), every "before" and "after" in the same run, against limits measured in it:
+
+- `decode`: the reference's static decode without and with the fused element-wise step
+  (`HFEngine.static_fused`, qval/engines/fused_step.py): batch 1 × 256 tokens against the roofline
+  (weight bytes ÷ the copy bandwidth), batch 8 × 2,048 tokens per 256-step segment against its floor
+  (weights + the K/V slots a step reads), the greedy tokens of both against each other and the plain
+  path, and the kernel profile of the fused step;
+- `candidate`: the same for the FP8 candidate (batch 1 and 8, 256 tokens);
+- `tf`: gate 3's teacher-forced drift and judge-NLL passes (`qval/gates/teacher_forced.py`: `teacher_forced_rows`,
+  `judge_nll_rows`) over 8 prompts × 2,048 continuation tokens, one row at a time (before) and the
+  gate's 8 rows at once (after), against the same three passes as bare forwards;
+- `peer`: perplexity through lm-eval's `HFLM.loglikelihood_rolling` and through qval (alone, and
+  qval's gate-1 pass with the candidate: KLD/top-1 in the same pass), same windows and batch;
+- `e2e`: `run_gate` for the FP8 candidate, every gate at its shipped default, diagnostics on, the
+  reference included (bench.py's end-to-end step).
+
+Random weights: the figures time the work; the tokens and perplexities say nothing of quality.
+Writes $OUT/h200_issue15.json after every step (a run cut short keeps what it measured).
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import random
+import statistics
+import sys
+import time
+import traceback
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+import bench  # noqa: E402
+import h200_decode  # noqa: E402
+import measure  # noqa: E402
+import peer_lmeval  # noqa: E402
+import shapes  # noqa: E402
+
+import qval.pipeline  # noqa: E402,F401  (import order, as bench.py)
+
+SHORT = 256  # new tokens of the short decode measurements (--smoke: 16)
+
+
+def decode_rows(engine: Any, prompts: list[list[int]], wbytes: int, per_slot: int, bw: float, new_tokens: int, batch: int,
+                long: bool) -> dict[str, Any]:
+    roof = 1000 * wbytes / bw
+    row: dict[str, Any] = {}
+    one = measure.decode_speed(engine, prompts[:1], 1, SHORT, 3, "static")
+    one["x_roofline"] = one["ms_per_step"] / roof
+    row["batch1"] = one
+    eight = measure.decode_speed(engine, prompts, batch, SHORT, 3, "static")
+    eight["x_roofline"] = eight["ms_per_step"] / roof
+    row["batch8_256"] = eight
+    if long:
+        engine.decode = "static"
+        group = [prompts[i % len(prompts)] for i in range(batch)]
+        t = h200_decode.timeline(engine, group, new_tokens)
+        row["tokens"] = t.pop("tokens")
+        for s in t["segments"]:
+            seen = (s["context"][0] + s["context"][1]) / 2
+            floor = 1000 * (wbytes + batch * seen * per_slot) / bw
+            s.update(floor_ms=floor, x_floor=s["ms_per_step"] / floor)
+        total_floor = sum(s["floor_ms"] * (s["steps"][1] - s["steps"][0]) for s in t["segments"])
+        total = sum(s["ms_per_step"] * (s["steps"][1] - s["steps"][0]) for s in t["segments"])
+        t["x_floor_overall"] = total / total_floor
+        row["batch8_long"] = t
+    row["notes"] = list(engine.notes)
+    row["fused"] = engine.describe().get("decode_fused")
+    return row
+
+
+def teacher_forced(ref: Any, cand: Any, tok: Any, prompts: list[list[int]], new_tokens: int, piece: int, rows: int,
+                   reps: int, before: bool = True) -> dict[str, Any]:
+    """Gate 3's three passes per prompt (reference and candidate over the reference's text, the
+    reference over the candidate's), one row at a time and `rows` at a time, against bare forwards."""
+    import torch
+
+    from qval.gates import teacher_forced as longgen
+
+    vocab = min(len(tok), ref.model.config.vocab_size)
+    rng = random.Random(0)
+    conts = [[rng.randrange(200, vocab) for _ in range(new_tokens)] for _ in prompts]
+    other = [[rng.randrange(200, vocab) for _ in range(new_tokens)] for _ in prompts]  # "the candidate's" text
+    ctx = SimpleNamespace(reference=ref, candidate=cand, tokenizer=tok)
+    pad = tok.pad_token_id or 0
+
+    def passes(k: int) -> None:
+        for b0 in range(0, len(prompts), k):
+            sl = slice(b0, b0 + k)
+            longgen.teacher_forced_rows(ctx, prompts[sl], conts[sl], piece)
+            longgen.judge_nll_rows(ctx, prompts[sl], other[sl], piece)
+
+    def forwards(k: int) -> None:
+        """The same three passes' tokens as whole-sequence forwards, `k` rows per forward."""
+        for b0 in range(0, len(prompts), k):
+            for engine, texts in ((ref, conts), (cand, conts), (ref, other)):
+                seqs = [p + c for p, c in zip(prompts[b0 : b0 + k], texts[b0 : b0 + k])]
+                width = max(len(x) for x in seqs)
+                engine.logits(torch.tensor([x + [pad] * (width - len(x)) for x in seqs]))
+
+    def pieces_only(k: int) -> None:
+        """The same pieces through the KV cache, no statistics."""
+        for b0 in range(0, len(prompts), k):
+            for engine, texts in ((ref, conts), (cand, conts), (ref, other)):
+                seqs = [p + c for p, c in zip(prompts[b0 : b0 + k], texts[b0 : b0 + k])]
+                for _ in longgen._pieces(engine, seqs, piece, pad):
+                    pass
+
+    out: dict[str, Any] = {"prompts": len(prompts), "new_tokens": new_tokens, "piece": piece, "rows": rows,
+                           "tokens_per_pass": sum(len(p) + new_tokens for p in prompts)}
+    for name, fn in (("gate_1row", lambda: passes(1)), ("gate_rows", lambda: passes(rows)),
+                     ("pieces_only_1row", lambda: pieces_only(1)), ("pieces_only_rows", lambda: pieces_only(rows)),
+                     ("forward_1row", lambda: forwards(1)), ("forward_rows", lambda: forwards(rows))):
+        if not before and name.endswith("_1row") and name != "forward_1row":
+            continue
+        secs = measure.timed(fn, ref.device, reps, warmup=1)
+        out[name] = {"median_s": statistics.median(secs), "reps": secs}
+        print(f"[i15] tf {name}: {out[name]['median_s']:.2f} s", flush=True)
+    best_forward = min(out["forward_1row"]["median_s"], out["forward_rows"]["median_s"])
+    if before:
+        out["ratio_forward_over_gate_1row"] = best_forward / out["gate_1row"]["median_s"]
+    out["ratio_forward_over_gate_rows"] = best_forward / out["gate_rows"]["median_s"]
+    out["ratio_pieces_over_gate_rows"] = out["pieces_only_rows"]["median_s"] / out["gate_rows"]["median_s"]
+    # the figures themselves: rows at once against one at a time (bf16 kernels of another batch shape)
+    a = longgen.teacher_forced_rows(ctx, prompts[:rows], conts[:rows], piece)
+    b = [longgen.teacher_forced_rows(ctx, [p], [c], piece)[0] for p, c in zip(prompts[:rows], conts[:rows])]
+    import numpy as np
+
+    out["rows_vs_1row"] = {k: {"max_abs_diff": float(max(np.nanmax(np.abs(x[k].astype(float) - y[k].astype(float))) for x, y in zip(a, b))),
+                               "mean_1row": float(np.mean([y[k].astype(float).mean() for y in b]))}
+                           for k in ("kld", "nll_ref", "nll_cand", "top1")}
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--tokenizer", help="tokenizer folder for the random model")
+    ap.add_argument("--real", action="store_true", help="the built-in model (its GGUF where qval finds it) instead of the 8B layout")
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--shape", default="8b")
+    ap.add_argument("--only", default="decode,candidate,tf,peer,e2e")
+    ap.add_argument("--deadline", type=float, default=540.0, help="seconds; a step that would start later is skipped")
+    ap.add_argument("--peer-tokens", type=int, default=32768)
+    ap.add_argument("--peer-window", type=int, default=1024)
+    ap.add_argument("--peer-batch", type=int, default=8)
+    ap.add_argument("--skip-before", action="store_true",
+                    help="only the after variants (fused decode, rows at once): the before figures of an earlier run stand")
+    ap.add_argument("--smoke", action="store_true", help="toy shape and budgets on any device: check the script in ~2 minutes")
+    args = ap.parse_args()
+    started = time.perf_counter()
+    only = set(args.only.split(","))
+
+    import torch
+    from qval.reference import render_prompts
+
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    work = out / "work"
+    res: dict[str, Any] = {"env": bench.environment(), "shape": "real" if args.real else args.shape}
+
+    def save() -> None:
+        (out / "h200_issue15.json").write_text(json.dumps(res, indent=1, default=str))
+
+    def step(name: str, needs: float, fn: Any) -> Any:
+        left = args.deadline - (time.perf_counter() - started)
+        if name.split(":")[0] not in only:
+            return None
+        if left < needs:
+            res[name] = {"error": f"skipped: {left:.0f} s left of --deadline, needs ~{needs:.0f}"}
+            save()
+            return None
+        t0 = time.perf_counter()
+        try:
+            res[name] = fn()
+        except Exception as err:  # keep going: the other figures are still worth having
+            traceback.print_exc()
+            res[name] = {"error": "".join(traceback.format_exception_only(type(err), err)).strip()}
+        print(f"[i15] {name}: {time.perf_counter() - t0:.1f} s", flush=True)
+        save()
+        return res[name]
+
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    if args.smoke:
+        global SHORT
+        args.shape, args.peer_tokens, args.peer_window, args.peer_batch, SHORT = "smoke", 1024, 128, 2, 16
+    new_tokens, piece = (48, 32) if args.smoke else (2048, 256)
+    bw = measure.hbm_bandwidth(device, gib=0.25 if args.smoke else 2.0)
+    res["bandwidth"] = bw
+    if args.real:
+        from qval.config import ModelConfig
+        from qval.models import load_model
+
+        spec: dict[str, Any] = {"source": "default", "dtype": "float16"}
+        loaded = load_model(ModelConfig(**spec))
+        tok = loaded.tokenizer
+    else:
+        tok = bench.load_bench_tokenizer(SimpleNamespace(tokenizer=args.tokenizer, gguf=None))
+        loaded = shapes.random_llama(args.shape, tok, device, torch.bfloat16 if device == "cuda" else torch.float32,
+                                     work / f"model_{args.shape}")
+        spec = {"source": "path", "path": str(work / f"model_{args.shape}"), "dtype": "bfloat16"}
+    model = loaded.model
+    wbytes = shapes.weight_bytes_per_step(model)
+    per_slot = h200_decode.kv_bytes_per_slot(model.config)
+    res.update(model=loaded.name, weight_bytes=wbytes, roofline_ms=1000 * wbytes / bw["bytes_per_s"])
+    plan = bench.SMOKE if args.smoke else bench.FULL
+    samples, seq_len = plan["calib"]
+    data = {"calib": bench.expanded_jsonl(ROOT / "calib_data/general_mix.jsonl", work / "data/calib.jsonl", tok, samples * seq_len),
+            "heldout": bench.expanded_jsonl(ROOT / "calib_data/heldout_eval.jsonl", work / "data/heldout.jsonl", tok, 65536)}
+    records = [json.loads(line) for line in (ROOT / "calib_data/longgen_prompts.jsonl").read_text(encoding="utf-8").splitlines() if line.strip()]
+    prompts, _ = render_prompts(tok, [r["prompt"] for r in records])
+    session = None
+    if only & {"decode", "candidate", "tf", "peer"}:
+        cfg = bench.gate_config("i15", spec, data, work / "reports", plan)
+        facts, session = bench.calibrate_and_build(loaded, cfg)
+        res["calibration_s"] = (facts.get("calibration") or {}).get("seconds")
+        ref, cand = session.ref_engine, session._candidate
+
+        def decode_both(engine: Any, long: bool) -> dict[str, Any]:
+            row: dict[str, Any] = {}
+            for fused in ((True,) if args.skip_before else (False, True)):
+                engine.static_fused, engine._decoder = fused, None
+                row["fused" if fused else "unfused"] = decode_rows(engine, prompts, wbytes, per_slot, bw["bytes_per_s"], new_tokens, 8,
+                                                                   long and device == "cuda")
+            a, b = (row.get("unfused") or {}).pop("tokens", None), row["fused"].pop("tokens", None)
+            if a and b:
+                row["unfused_vs_fused_first_divergence"] = [next((i for i, (x, y) in enumerate(zip(r, s)) if x != y), None) for r, s in zip(a, b)]
+            engine.static_fused, engine._decoder = True, None
+            row["identity_plain_vs_fused"] = measure.greedy_identity(engine, prompts, 8, min(256, new_tokens))
+            return row
+
+        step("decode", 150, lambda: decode_both(ref, True))
+        step("decode:profile", 40, lambda: measure.step_profile(ref, prompts, 8, SHORT, wbytes, bw["bytes_per_s"]))
+        step("candidate", 60, lambda: decode_both(cand, False))
+        step("tf", 90, lambda: teacher_forced(ref, cand, tok, prompts, new_tokens, piece, 8, 1, before=not args.skip_before))
+        step("peer", 60, lambda: peer_lmeval.compare(model, tok, name=loaded.name, dtype=loaded.compute_dtype,
+                                                     dataset=ROOT / "calib_data/heldout_eval.jsonl", max_tokens=args.peer_tokens,
+                                                     window=args.peer_window, batch=args.peer_batch, reps=2, candidate=cand))
+        del ref, cand, session
+        gc.collect()
+        torch.cuda.empty_cache()
+    if not args.real:
+        e2e_cfg = bench.gate_config("i15-e2e", spec, data, work / "reports_e2e", plan, diagnostics="on")
+        step("e2e", 120, lambda: bench.end_to_end(loaded, e2e_cfg)[0])
+    res["wall_s"] = time.perf_counter() - started
+    save()
+    brief = {k: v for k, v in res.items() if k in ("bandwidth", "roofline_ms", "calibration_s", "wall_s")}
+    print(json.dumps(brief, default=str))
+    for k in ("decode", "candidate"):
+        for v in ("unfused", "fused"):
+            r = (res.get(k) or {}).get(v) or {}
+            print(k, v, {kk: round(r[kk]["x_roofline"], 3) for kk in ("batch1", "batch8_256") if kk in r},
+                  round(r["batch8_long"]["x_floor_overall"], 3) if "batch8_long" in r else "", r.get("notes"))
+    for k in ("tf", "peer", "e2e"):
+        print(k, json.dumps(res.get(k), default=str)[:1500])
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,148 @@
+"""The static decoder's fused element-wise step (qval/engines/fused_step.py): it wraps only the code
+it recognises, changes nothing outside a decode step on the decoding thread, computes what the
+eager code computes, and decodes the plain path's greedy tokens on the built-in model."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+import torch
+
+from qval.engines import fused_step
+from qval.engines.hf import HFEngine, StaticDecoder
+
+
+def tiny_llama(act: str = "silu"):
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    cfg = LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+                      num_key_value_heads=2, max_position_embeddings=256, eos_token_id=1, pad_token_id=1, bos_token_id=1,
+                      hidden_act=act)
+    return LlamaForCausalLM(cfg).eval()
+
+
+def test_install_wraps_llamas_norms_mlps_and_rotary_and_nothing_else():
+    model = tiny_llama()
+    counts = fused_step.install(model)
+    assert counts == {"rmsnorm": 2 * 2 + 1, "mlp": 2, "rope_modules": 1}
+    assert fused_step.install(model) == counts  # idempotent: nothing wrapped twice
+    gelu = tiny_llama(act="gelu")
+    assert fused_step.install(gelu)["mlp"] == 0  # its MLP is not SiLU·mul: left eager
+
+    class OtherNorm(torch.nn.Module):  # an RMSNorm with other arithmetic (Gemma's 1 + weight)
+        def __init__(self) -> None:
+            super().__init__()
+            self.weight, self.variance_epsilon = torch.nn.Parameter(torch.zeros(8)), 1e-6
+
+        def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
+            h = hidden_states.float()
+            return (1 + self.weight) * h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.variance_epsilon)
+
+    other = torch.nn.Sequential(OtherNorm())
+    other.config = model.config
+    assert fused_step.install(other)["rmsnorm"] == 0
+
+
+def test_outside_a_decode_step_and_on_other_threads_the_eager_code_runs_bit_for_bit(monkeypatch):
+    model = tiny_llama()
+    ids = torch.randint(2, 64, (2, 9), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        want = model(ids).logits
+        fused_step.install(model)
+        calls = []
+        monkeypatch.setattr(fused_step, "_call", lambda name, eager, *a: (calls.append(name), eager(*a))[1])
+        assert torch.equal(model(ids).logits, want) and calls == []
+        seen: list[bool] = []
+        with fused_step.active():
+            t = threading.Thread(target=lambda: seen.append(torch.equal(model(ids).logits, want)))
+            t.start()
+            t.join()
+            assert calls == []  # the other thread ran transformers' code
+            inside = model(ids).logits
+        assert seen == [True]
+        assert set(calls) == {"rms", "rope", "silu_mul"}
+        # the eager forms of the fused functions are transformers' arithmetic
+        assert torch.equal(inside, want)
+
+
+def test_a_model_copied_after_install_runs_its_own_weights():
+    """A candidate is built from a deep copy of the reference, possibly after the reference has
+    decoded through the fused step: the copy must compute with its own modules, fused or not
+    (an instance-bound wrapper would call the original's MLP: the candidate's quantized MLPs
+    skipped, uncalibrated, the reference's run in their place)."""
+    import copy
+
+    model = tiny_llama()
+    fused_step.install(model)
+    twin = copy.deepcopy(model)
+    with torch.no_grad():
+        for p in twin.model.layers[0].mlp.parameters():
+            p.mul_(3.0)
+        fresh = tiny_llama()
+        fresh.load_state_dict(twin.state_dict())
+        ids = torch.randint(2, 64, (2, 6), generator=torch.Generator().manual_seed(4))
+        want = fresh(ids).logits
+        assert not torch.equal(model(ids).logits, want)
+        assert torch.equal(twin(ids).logits, want)
+        with fused_step.active():
+            torch.testing.assert_close(twin(ids).logits, want, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_the_compiled_functions_compute_the_eager_arithmetic_bit_for_bit(dtype):
+    """Compiled by inductor on this CPU (the same graph the GPU's Triton kernels are generated
+    from), intermediates rounded where eager rounds them: in bfloat16 the eager logits exactly
+    (without emulate_precision_casts they differ by up to 2e-3: checked); in float32 within a
+    float32 rounding (the RMSNorm's mean sums in another order than ATen's kernel, 7e-7 apart)."""
+    model = tiny_llama().to(dtype)
+    ids = torch.randint(2, 64, (3, 7), generator=torch.Generator().manual_seed(2))
+    fused_step.install(model)
+    with torch.no_grad():
+        want = model(ids).logits
+        with fused_step.active():
+            got = model(ids).logits
+    assert not fused_step.failures(), fused_step.failures()
+    if dtype == torch.bfloat16:
+        assert torch.equal(got, want)
+    else:
+        torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-6)
+
+
+def test_a_compiler_that_fails_falls_back_to_eager_and_says_so(monkeypatch):
+    model = tiny_llama()
+    fused_step.install(model)
+
+    def broken(*a, **k):
+        raise RuntimeError("no C compiler here\nsecond line")
+
+    monkeypatch.setattr(fused_step, "_compiled", {"rms": broken, "rope": broken, "silu_mul": broken})
+    monkeypatch.setattr(fused_step, "_failed", {})
+    ids = torch.randint(2, 64, (1, 5), generator=torch.Generator().manual_seed(3))
+    with torch.no_grad():
+        want = model(ids).logits
+        with fused_step.active():
+            got = model(ids).logits
+    assert torch.equal(got, want)
+    assert fused_step.failures() == {k: "RuntimeError: no C compiler here" for k in ("rms", "rope", "silu_mul")}
+
+
+@pytest.mark.slow
+def test_fused_static_decode_gives_the_plain_paths_greedy_tokens_on_the_real_model(default_model):
+    tok = default_model.tokenizer
+    prompts = ["The capital of France is", "Write a short poem about the sea", "Hello there, how"]
+    ids = [tok(p)["input_ids"] for p in prompts]
+    plain = HFEngine(default_model.model, tok, decode="plain").generate(ids, 16, suppress_eos=True, batch_size=3)
+    fused = HFEngine(default_model.model, tok, decode="static")
+    fused.static_fused = True
+    got = fused.generate(ids, 16, suppress_eos=True, batch_size=3)
+    assert not fused_step.failures(), fused_step.failures()
+    assert fused.describe()["decode_fused"] == {"rmsnorm": 61, "mlp": 30, "rope_modules": 1}
+    assert got.tokens == plain.tokens
+
+
+def test_the_decoder_is_rebuilt_when_fusion_is_switched():
+    model = tiny_llama()
+    dec = StaticDecoder(model, batch=1, max_len=16, new_tokens=4, eos=[1], suppress_eos=True, use_graph=False, fused=True)
+    assert dec.fits(1, 16, 4, [1], True, True, True) and not dec.fits(1, 16, 4, [1], True, True, False)
