@@ -44,6 +44,19 @@ def kv_bytes_per_slot(cfg) -> int:  # noqa: ANN001 - a transformers config
     return 2 * cfg.num_hidden_layers * cfg.num_key_value_heads * head * 2  # K and V, bf16
 
 
+def with_floors(t: dict, weight_bytes: int, batch: int, per_slot: int, bytes_per_s: float) -> dict:
+    """A `timeline`'s segments against their floors: (weight bytes + every row's K/V slots a step
+    of the segment reads, on average) ÷ bandwidth; and the whole generation's ratio."""
+    for s in t["segments"]:
+        seen = (s["context"][0] + s["context"][1]) / 2
+        floor = 1000 * (weight_bytes + batch * seen * per_slot) / bytes_per_s
+        s.update(floor_ms=floor, x_floor=s["ms_per_step"] / floor)
+    total_floor = sum(s["floor_ms"] * (s["steps"][1] - s["steps"][0]) for s in t["segments"])
+    total = sum(s["ms_per_step"] * (s["steps"][1] - s["steps"][0]) for s in t["segments"])
+    t["x_floor_overall"] = total / total_floor
+    return t
+
+
 def timeline(engine, group: list[list[int]], new_tokens: int) -> dict:  # noqa: ANN001
     """One warm run (captures every bucket's graph), then a timed one with an event per segment."""
     import torch
@@ -124,13 +137,7 @@ def main() -> None:
             engine.decode = "static"
             t = timeline(engine, group, args.new_tokens)
             tokens[name] = t.pop("tokens")
-            for s in t["segments"]:
-                seen = (s["context"][0] + s["context"][1]) / 2  # slots a step of the segment must read, on average
-                floor = 1000 * (wbytes + args.batch * seen * per_slot) / bw["bytes_per_s"]
-                s.update(floor_ms=floor, x_floor=s["ms_per_step"] / floor)
-            total_floor = sum(s["floor_ms"] * (s["steps"][1] - s["steps"][0]) for s in t["segments"])
-            total = sum(s["ms_per_step"] * (s["steps"][1] - s["steps"][0]) for s in t["segments"])
-            t["x_floor_overall"] = total / total_floor
+            with_floors(t, wbytes, args.batch, per_slot, bw["bytes_per_s"])
             row["batch8"] = t
         except Exception as err:  # keep what was measured
             row["error"] = "".join(traceback.format_exception_only(type(err), err)).strip()

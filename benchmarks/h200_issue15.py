@@ -68,14 +68,7 @@ def decode_rows(engine: Any, prompts: list[list[int]], wbytes: int, per_slot: in
         group = [prompts[i % len(prompts)] for i in range(batch)]
         t = h200_decode.timeline(engine, group, new_tokens)
         row["tokens"] = t.pop("tokens")
-        for s in t["segments"]:
-            seen = (s["context"][0] + s["context"][1]) / 2
-            floor = 1000 * (wbytes + batch * seen * per_slot) / bw
-            s.update(floor_ms=floor, x_floor=s["ms_per_step"] / floor)
-        total_floor = sum(s["floor_ms"] * (s["steps"][1] - s["steps"][0]) for s in t["segments"])
-        total = sum(s["ms_per_step"] * (s["steps"][1] - s["steps"][0]) for s in t["segments"])
-        t["x_floor_overall"] = total / total_floor
-        row["batch8_long"] = t
+        row["batch8_long"] = h200_decode.with_floors(t, wbytes, batch, per_slot, bw)
     row["notes"] = list(engine.notes)
     row["fused"] = engine.describe().get("decode_fused")
     return row
@@ -87,7 +80,9 @@ def teacher_forced(ref: Any, cand: Any, tok: Any, prompts: list[list[int]], new_
     reference over the candidate's), one row at a time and `rows` at a time, against bare forwards."""
     import torch
 
-    from qval.gates import teacher_forced as longgen
+    import numpy as np
+
+    from qval.gates import teacher_forced as tf
 
     vocab = min(len(tok), ref.model.config.vocab_size)
     rng = random.Random(0)
@@ -99,8 +94,8 @@ def teacher_forced(ref: Any, cand: Any, tok: Any, prompts: list[list[int]], new_
     def passes(k: int) -> None:
         for b0 in range(0, len(prompts), k):
             sl = slice(b0, b0 + k)
-            longgen.teacher_forced_rows(ctx, prompts[sl], conts[sl], piece)
-            longgen.judge_nll_rows(ctx, prompts[sl], other[sl], piece)
+            tf.teacher_forced_rows(ctx, prompts[sl], conts[sl], piece)
+            tf.judge_nll_rows(ctx, prompts[sl], other[sl], piece)
 
     def forwards(k: int) -> None:
         """The same three passes' tokens as whole-sequence forwards, `k` rows per forward."""
@@ -115,7 +110,7 @@ def teacher_forced(ref: Any, cand: Any, tok: Any, prompts: list[list[int]], new_
         for b0 in range(0, len(prompts), k):
             for engine, texts in ((ref, conts), (cand, conts), (ref, other)):
                 seqs = [p + c for p, c in zip(prompts[b0 : b0 + k], texts[b0 : b0 + k])]
-                for _ in longgen._pieces(engine, seqs, piece, pad):
+                for _ in tf._pieces(engine, seqs, piece, pad):
                     pass
 
     out: dict[str, Any] = {"prompts": len(prompts), "new_tokens": new_tokens, "piece": piece, "rows": rows,
@@ -134,10 +129,8 @@ def teacher_forced(ref: Any, cand: Any, tok: Any, prompts: list[list[int]], new_
     out["ratio_forward_over_gate_rows"] = best_forward / out["gate_rows"]["median_s"]
     out["ratio_pieces_over_gate_rows"] = out["pieces_only_rows"]["median_s"] / out["gate_rows"]["median_s"]
     # the figures themselves: rows at once against one at a time (bf16 kernels of another batch shape)
-    a = longgen.teacher_forced_rows(ctx, prompts[:rows], conts[:rows], piece)
-    b = [longgen.teacher_forced_rows(ctx, [p], [c], piece)[0] for p, c in zip(prompts[:rows], conts[:rows])]
-    import numpy as np
-
+    a = tf.teacher_forced_rows(ctx, prompts[:rows], conts[:rows], piece)
+    b = [tf.teacher_forced_rows(ctx, [p], [c], piece)[0] for p, c in zip(prompts[:rows], conts[:rows])]
     out["rows_vs_1row"] = {k: {"max_abs_diff": float(max(np.nanmax(np.abs(x[k].astype(float) - y[k].astype(float))) for x, y in zip(a, b))),
                                "mean_1row": float(np.mean([y[k].astype(float).mean() for y in b]))}
                            for k in ("kld", "nll_ref", "nll_cand", "top1")}

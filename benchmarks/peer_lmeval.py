@@ -42,10 +42,9 @@ def documents(path: Path, tok_encode: Any, max_tokens: int) -> tuple[list[str], 
     from qval.data import load_dataset
 
     texts, ids, total = [], [], 0
-    every = [t for t in load_dataset(str(path), path).texts() if tok_encode(t)]
+    every = [(t, toks) for t in load_dataset(str(path), path).texts() if (toks := tok_encode(t))]
     while every and total < max_tokens:  # past the set's end: its documents again, in order (a speed run's budget)
-        for t in every:
-            toks = tok_encode(t)
+        for t, toks in every:
             texts.append(t)
             ids.append(toks)
             total += len(toks)

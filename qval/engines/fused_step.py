@@ -1,7 +1,7 @@
-"""The static decoder's element-wise work fused: RMSNorm, rotary embedding, SiLU·mul, argmax prep.
+"""The static decoder's element-wise work fused: RMSNorm, rotary embedding, SiLU·mul.
 
 A decode step of an 8B Llama on the H200 spends ~2.6 ms (a third of the step) in ~1,300 small
-element-wise kernels (RESULTS.md §14): transformers' RMSNorm is seven kernels (cast, square, mean,
+element-wise kernels (RESULTS.md §14): transformers' RMSNorm is eight kernels (cast, square, mean,
 add, rsqrt, multiply, cast, scale), the rotary embedding ten (two products, a negation and a
 concatenation per tensor, the sums), the MLP's SiLU·mul two. Here each is one `torch.compile`d
 (inductor) function, compiled once per shape — a decode step has the same shapes at every length,
@@ -160,23 +160,23 @@ def install(model: torch.nn.Module) -> dict[str, int]:
     ref = _reference_sources()
     counts = {"rmsnorm": 0, "mlp": 0, "rope_modules": 0}
     silu = str(getattr(model.config, "hidden_act", "")) == "silu"
-    seen_modules: set[str] = set()
+    kinds: dict[type, str | None] = {}  # class -> "rmsnorm" / "mlp" / None, its source read once
     for module in model.modules():
         cls = type(module)
-        fwd = cls.forward
-        if getattr(fwd, "qval_fused_eager", None) is not None:
-            fwd = fwd.qval_fused_eager
-        if ref["norm"] is not None and hasattr(module, "variance_epsilon") and _source(fwd) == ref["norm"]:
-            _patch(cls, "forward", _norm_forward(fwd), fwd)
-            counts["rmsnorm"] += 1
-        elif silu and ref["mlp"] is not None and _source(fwd) == ref["mlp"]:
-            _patch(cls, "forward", _mlp_forward(fwd), fwd)
-            counts["mlp"] += 1
-        mod = sys.modules.get(cls.__module__)
-        if mod is None or cls.__module__ in seen_modules:
-            continue
-        seen_modules.add(cls.__module__)
-        rope = getattr(mod, "apply_rotary_pos_emb", None)
+        if cls not in kinds:
+            fwd = getattr(cls.forward, "qval_fused_eager", None) or cls.forward
+            src, kinds[cls] = _source(fwd), None
+            if ref["norm"] is not None and hasattr(module, "variance_epsilon") and src == ref["norm"]:
+                kinds[cls] = "rmsnorm"
+                _patch(cls, "forward", _norm_forward(fwd), fwd)
+            elif silu and ref["mlp"] is not None and src == ref["mlp"]:
+                kinds[cls] = "mlp"
+                _patch(cls, "forward", _mlp_forward(fwd), fwd)
+        if kinds[cls] is not None:
+            counts[kinds[cls]] += 1
+    for name in sorted({cls.__module__ for cls in kinds}):
+        mod = sys.modules.get(name)
+        rope = getattr(mod, "apply_rotary_pos_emb", None) if mod is not None else None
         if rope is None:
             continue
         eager = getattr(rope, "qval_fused_eager", None) or rope
