@@ -47,6 +47,7 @@ import h200_decode  # noqa: E402
 import measure  # noqa: E402
 import peer_lmeval  # noqa: E402
 import shapes  # noqa: E402
+import spans  # noqa: E402
 
 import qval.pipeline  # noqa: E402,F401  (import order, as bench.py)
 
@@ -150,6 +151,8 @@ def main() -> None:
     ap.add_argument("--peer-batch", type=int, default=8)
     ap.add_argument("--skip-before", action="store_true",
                     help="only the after variants (fused decode, rows at once): the before figures of an earlier run stand")
+    ap.add_argument("--spans", action="store_true",
+                    help="e2e: time the gate's stages and the engines' work inside them (spans.py; syncs the GPU at each edge)")
     ap.add_argument("--smoke", action="store_true", help="toy shape and budgets on any device: check the script in ~2 minutes")
     args = ap.parse_args()
     started = time.perf_counter()
@@ -214,7 +217,11 @@ def main() -> None:
     records = [json.loads(line) for line in (ROOT / "calib_data/longgen_prompts.jsonl").read_text(encoding="utf-8").splitlines() if line.strip()]
     prompts, _ = render_prompts(tok, [r["prompt"] for r in records])
     session = None
-    if only & {"decode", "candidate", "tf", "peer"}:
+    if device == "cuda":
+        import gemv
+
+        step("gemv", 120, lambda: gemv.run(out / "gemv", layers=4 if args.smoke else gemv.LAYERS))
+    if only & {"decode", "b1", "determinism", "candidate", "tf", "peer"}:
         cfg = bench.gate_config("i15", spec, data, work / "reports", plan)
         facts, session = bench.calibrate_and_build(loaded, cfg)
         res["calibration_s"] = (facts.get("calibration") or {}).get("seconds")
@@ -233,6 +240,55 @@ def main() -> None:
             row["identity_plain_vs_fused"] = measure.greedy_identity(engine, prompts, 8, min(256, new_tokens))
             return row
 
+        def batch1(engine: Any) -> dict[str, Any]:
+            """Batch 1 without and with gemv.py's kernels (fused element-wise work in both), the
+            tokens of each against the plain path's, and the step's kernel profile with them."""
+            from qval.engines import fused_step
+
+            row: dict[str, Any] = {}
+            roof = 1000 * wbytes / bw["bytes_per_s"]
+            engine.decode = "plain"
+            plain = engine.generate(prompts[:1], SHORT, suppress_eos=True, batch_size=1).tokens[0]
+            for use in (False, True):
+                fused_step.use_gemv, engine.static_fused, engine._decoder = use, True, None
+                one = measure.decode_speed(engine, prompts[:1], 1, SHORT, 3, "static")
+                one["x_roofline"] = one["ms_per_step"] / roof
+                toks = engine.generate(prompts[:1], SHORT, suppress_eos=True, batch_size=1).tokens[0]
+                one["first_divergence_from_plain"] = next((i for i, (a, b) in enumerate(zip(plain, toks)) if a != b), None)
+                one["tokens"] = toks
+                row["gemv" if use else "no_gemv"] = one
+            a, b = row["no_gemv"].pop("tokens"), row["gemv"].pop("tokens")
+            row["gemv_vs_no_gemv_first_divergence"] = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), None)
+            row["profile"] = measure.step_profile(engine, prompts, 1, SHORT, wbytes, bw["bytes_per_s"])
+            row["notes"] = list(engine.notes)
+            row["fused"] = engine.describe().get("decode_fused")
+            engine.decode = "auto"
+            return row
+
+        def deterministic(engine: Any) -> dict[str, Any]:
+            """The gate's numerics (qval's deterministic mode, as run_gate sets it): batch 8 × 256 and
+            batch 1 with the static step's index writes through torch's sorted index_put_ and without
+            (determinism.distinct_index_writes); the tokens of both must be the same."""
+            from qval import determinism
+            from qval.engines.static_decode import StaticDecoder
+
+            row: dict[str, Any] = {"mode": determinism.configure("cuda")}
+            roof = 1000 * wbytes / bw["bytes_per_s"]
+            toks = {}
+            for distinct in (False, True):
+                StaticDecoder.distinct_writes = distinct
+                for b in (8, 1):
+                    engine.static_fused, engine._decoder = True, None
+                    r = measure.decode_speed(engine, prompts, b, SHORT, 3, "static")
+                    r["x_roofline"] = r["ms_per_step"] / roof
+                    toks[(distinct, b)] = engine.generate(measure._batch_of(prompts, b), SHORT, suppress_eos=True, batch_size=b).tokens
+                    row[f"{'distinct' if distinct else 'sorted'}_b{b}"] = r
+            row["tokens_identical"] = {b: toks[(False, b)] == toks[(True, b)] for b in (8, 1)}
+            engine.decode = "auto"
+            return row
+
+        step("b1", 60, lambda: batch1(ref))
+        step("determinism", 60, lambda: deterministic(ref))
         step("decode", 150, lambda: decode_both(ref, True))
         step("decode:profile", 40, lambda: measure.step_profile(ref, prompts, 8, SHORT, wbytes, bw["bytes_per_s"]))
         step("candidate", 60, lambda: decode_both(cand, False))
@@ -245,7 +301,16 @@ def main() -> None:
         torch.cuda.empty_cache()
     if not args.real:
         e2e_cfg = bench.gate_config("i15-e2e", spec, data, work / "reports_e2e", plan, diagnostics="on")
-        step("e2e", 120, lambda: bench.end_to_end(loaded, e2e_cfg)[0])
+
+        def e2e() -> dict[str, Any]:
+            if not args.spans:
+                return bench.end_to_end(loaded, e2e_cfg)[0]
+            with spans.recording(spans.GATE_SPANS) as rec:
+                facts = bench.end_to_end(loaded, e2e_cfg)[0]
+            facts["spans"] = rec.table()
+            return facts
+
+        step("e2e", 120, e2e)
     res["wall_s"] = time.perf_counter() - started
     save()
     brief = {k: v for k, v in res.items() if k in ("bandwidth", "roofline_ms", "calibration_s", "wall_s")}
@@ -255,8 +320,10 @@ def main() -> None:
             r = (res.get(k) or {}).get(v) or {}
             print(k, v, {kk: round(r[kk]["x_roofline"], 3) for kk in ("batch1", "batch8_256") if kk in r},
                   round(r["batch8_long"]["x_floor_overall"], 3) if "batch8_long" in r else "", r.get("notes"))
-    for k in ("tf", "peer", "e2e"):
-        print(k, json.dumps(res.get(k), default=str)[:1500])
+    for k in ("gemv", "b1", "determinism", "tf", "peer", "e2e"):
+        print(k, json.dumps({kk: vv for kk, vv in (res.get(k) or {}).items() if kk != "spans"}, default=str)[:1500])
+    for label, v in ((res.get("e2e") or {}).get("spans") or {}).items():
+        print("span", label, v)
 
 
 if __name__ == "__main__":

@@ -27,6 +27,8 @@ figures may then differ run to run). `describe()` is what the report records.
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any, Callable
 
 import torch
@@ -120,6 +122,31 @@ def describe() -> dict[str, Any]:
     if _state.get("notes"):
         out["notes"] = list(_state["notes"])
     return out
+
+
+@contextmanager
+def distinct_index_writes() -> Iterator[None]:
+    """Within, on a CUDA run in deterministic mode: torch's deterministic switch off, for code
+    whose only operations with a deterministic variant are index writes to distinct indices.
+
+    The static decoder's step (qval/engines/static_decode.py) is such code: its KV cache takes the
+    step's keys and values with `index_copy_` at one slot, its output buffers the step's tokens at
+    one column. An `index_copy_` can differ run to run only when an index repeats (which write
+    lands last); with distinct indices the default CUDA kernel's result is the deterministic
+    variant's, exactly. That variant is torch's `index_put_` with a sort of the indices (several
+    kernels per call, each of the 2 × layers cache writes of every step, every step). Nothing
+    else in a decode step (products, norms, attention's forward, argmax) reads the switch. Outside
+    a deterministic CUDA run this does nothing. A process-wide switch: callers use it only on
+    the thread that runs GPU work (qval's GPU engines run in turn, never side by side)."""
+    if not torch.are_deterministic_algorithms_enabled():
+        yield
+        return
+    warn_only = torch.is_deterministic_algorithms_warn_only_enabled()
+    torch.use_deterministic_algorithms(False)
+    try:
+        yield
+    finally:
+        torch.use_deterministic_algorithms(True, warn_only=warn_only)
 
 
 def key(device: str) -> dict[str, Any] | None:

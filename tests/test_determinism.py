@@ -120,3 +120,26 @@ def test_report_md_states_gpu_numerics_and_leaves_a_cpu_report_as_it_was(clean):
     line = numerics_line(determinism.configure("cuda"))
     assert line == "numerics: deterministic mode (attention no-cudnn, CUBLAS_WORKSPACE_CONFIG :4096:8; qval/determinism.py)"
     assert "may differ from run to run" in numerics_line({"mode": "off"})
+
+
+def test_distinct_index_writes_lifts_the_switch_only_within_and_restores_it_exactly():
+    """The static decoder's step runs its distinct-index writes outside torch's sorted index_put_;
+    the switch and its warn-only flag come back as they were, also when the body raises, and
+    outside deterministic mode nothing changes."""
+    was, was_warn = torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled()
+    try:
+        torch.use_deterministic_algorithms(True, warn_only=True)
+        with determinism.distinct_index_writes():
+            assert not torch.are_deterministic_algorithms_enabled()
+        assert torch.are_deterministic_algorithms_enabled() and torch.is_deterministic_algorithms_warn_only_enabled()
+        torch.use_deterministic_algorithms(True, warn_only=False)
+        with pytest.raises(RuntimeError, match="inside"):
+            with determinism.distinct_index_writes():
+                raise RuntimeError("inside")
+        assert torch.are_deterministic_algorithms_enabled() and not torch.is_deterministic_algorithms_warn_only_enabled()
+        torch.use_deterministic_algorithms(False)
+        with determinism.distinct_index_writes():
+            assert not torch.are_deterministic_algorithms_enabled()
+        assert not torch.are_deterministic_algorithms_enabled()
+    finally:
+        torch.use_deterministic_algorithms(was, warn_only=was_warn)

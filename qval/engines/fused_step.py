@@ -4,9 +4,12 @@ A decode step of an 8B Llama on the H200 spends ~2.6 ms (a third of the step) in
 element-wise kernels (RESULTS.md §14): transformers' RMSNorm is eight kernels (cast, square, mean,
 add, rsqrt, multiply, cast, scale), the rotary embedding ten (two products, a negation and a
 concatenation per tensor, the sums), the MLP's SiLU·mul two. Here each is one `torch.compile`d
-(inductor) function, compiled once per shape — a decode step has the same shapes at every length,
-so a 2,048-token generation compiles each once — and called inside `StaticDecoder`'s own CUDA
-graph capture, so the graph replays the fused kernels.
+(inductor) function, compiled once for one row and once for any other batch size (the batch axis
+symbolic, every other axis fixed: a decode step has the same shapes at every length, so a gate
+compiles each at most twice), and called inside `StaticDecoder`'s own CUDA graph capture, so the
+graph replays the fused kernels. At one row the products too: every bias-free `nn.Linear` goes to
+gemv.py's Triton GEMV, q/k/v in one launch (`_QKV` names the group on the q projection; the k and
+v projections' own calls take the outputs it left), gate/up with SiLU·mul in one (RESULTS.md §14.3).
 
 `install(model)` wraps only code it recognises: the `forward` of an RMSNorm class whose source is
 transformers' Llama RMSNorm (the same source in Llama, Mistral, Qwen2/3 and their modular copies),
@@ -42,6 +45,10 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from . import gemv
+
+use_gemv = True  # one-row steps through gemv.py's kernels (benchmarks switch it off to measure without)
+_QKV = "_qval_qkv"  # on a q projection: (q, k, v), the three products of one input, for one GEMV launch
 _state = threading.local()  # .on: this thread's decode step runs the fused functions
 _compiled: dict[str, Callable[..., Any]] = {}
 _failed: dict[str, str] = {}  # name -> why its compiled form could not run (it runs eagerly since)
@@ -81,6 +88,12 @@ def _call(name: str, eager: Callable[..., Any], *args: Any) -> Any:
             # emulate_precision_casts: round each intermediate to the tensor's dtype where eager does
             # (inductor otherwise keeps a bfloat16 chain in float32): the eager step's numbers
             _compiled[name] = torch.compile(eager, dynamic=False, fullgraph=True, options={"emulate_precision_casts": True})
+    if args[0].dim() >= 2 and args[0].shape[0] > 1:
+        # one kernel for every batch of 2 rows or more (gate 2 decodes 40 rows, gate 3 8): the batch
+        # axis symbolic, every other axis (what the reductions run over) fixed as before
+        for a in args:
+            if isinstance(a, torch.Tensor) and a.dim() >= 2 and a.shape[0] == args[0].shape[0]:
+                torch._dynamo.maybe_mark_dynamic(a, 0)
     try:
         return _compiled[name](*args)
     except Exception as err:  # noqa: BLE001 - any compiler failure: fall back, say so
@@ -126,10 +139,57 @@ def _norm_forward(eager: Callable[..., Any]) -> Callable[..., Any]:
     return forward
 
 
+def _plain(m: Any) -> bool:
+    """A bias-free `nn.Linear` itself (a quantized subclass keeps its own forward)."""
+    return type(m) is torch.nn.Linear and m.bias is None
+
+
+def _gemv(fn: Callable[..., Any], *args: Any) -> Any:
+    """`fn(*args)` of gemv.py, or None once its kernels have failed here (recorded in `failures()`,
+    the caller's own product from then on)."""
+    if "gemv" in _failed or not use_gemv:
+        return None
+    try:
+        return fn(*args)
+    except Exception as err:  # noqa: BLE001 - a Triton that cannot compile or launch here
+        if torch.cuda.is_available() and torch.cuda.is_current_stream_capturing():
+            raise  # never inside a graph capture (the decoder's warm-up step launches them first)
+        _failed["gemv"] = f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}"[:300]
+        return None
+
+
 def _mlp_forward(eager: Callable[..., Any]) -> Callable[..., Any]:
     def forward(self: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
         if is_on() and str(getattr(self.config, "hidden_act", "")) == "silu":
-            return self.down_proj(_call("silu_mul", _eager_silu_mul, self.gate_proj(x), self.up_proj(x)))
+            g, u = self.gate_proj, self.up_proj
+            if (_plain(g) and _plain(u) and g.weight.shape == u.weight.shape and gemv.usable(x, [g.weight, u.weight])
+                    and (h := _gemv(gemv.gate_up_silu, x, g.weight, u.weight)) is not None):
+                return self.down_proj(h)  # one row: gate, up and SiLU·mul in one kernel
+            return self.down_proj(_call("silu_mul", _eager_silu_mul, g(x), u(x)))
+        return eager(self, x)
+
+    return forward
+
+
+def _linear_forward(eager: Callable[..., Any]) -> Callable[..., Any]:
+    """`nn.Linear.forward` within a step, one row: the GEMV kernel; q/k/v (`_QKV` on the first of
+    them) in one launch, the second and third's outputs kept for their own calls with the same input."""
+
+    def forward(self: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
+        if not is_on() or not _plain(self):
+            return eager(self, x)
+        stash = _state.__dict__.setdefault("stash", {})
+        kept = stash.pop(id(self), None)
+        if kept is not None and kept[0] is x:
+            return kept[1]
+        group = self.__dict__.get(_QKV)
+        if (group is not None and all(_plain(m) for m in group) and gemv.usable(x, [m.weight for m in group])
+                and (outs := _gemv(gemv.grouped, x, [m.weight for m in group])) is not None):
+            for m, out in zip(group[1:], outs[1:]):
+                stash[id(m)] = (x, out)
+            return outs[0]
+        if gemv.usable(x, [self.weight]) and (outs := _gemv(gemv.grouped, x, [self.weight])) is not None:
+            return outs[0]
         return eager(self, x)
 
     return forward
@@ -158,7 +218,7 @@ def install(model: torch.nn.Module) -> dict[str, int]:
     instance: a model copied after this (a candidate built from a deep copy of the reference)
     runs its own weights, and outside `active()` every call is transformers' own code."""
     ref = _reference_sources()
-    counts = {"rmsnorm": 0, "mlp": 0, "rope_modules": 0}
+    counts = {"rmsnorm": 0, "mlp": 0, "rope_modules": 0, "qkv_groups": 0}
     silu = str(getattr(model.config, "hidden_act", "")) == "silu"
     kinds: dict[type, str | None] = {}  # class -> "rmsnorm" / "mlp" / None, its source read once
     for module in model.modules():
@@ -174,6 +234,12 @@ def install(model: torch.nn.Module) -> dict[str, int]:
                 _patch(cls, "forward", _mlp_forward(fwd), fwd)
         if kinds[cls] is not None:
             counts[kinds[cls]] += 1
+    _patch(torch.nn.Linear, "forward", _linear_forward(torch.nn.Linear.forward), torch.nn.Linear.forward)
+    for module in model.modules():
+        group = tuple(getattr(module, n, None) for n in ("q_proj", "k_proj", "v_proj"))
+        if all(_plain(m) for m in group) and len({m.in_features for m in group}) == 1:  # type: ignore[union-attr]
+            module.q_proj.__dict__[_QKV] = group  # type: ignore[union-attr]
+            counts["qkv_groups"] += 1
     for name in sorted({cls.__module__ for cls in kinds}):
         mod = sys.modules.get(name)
         rope = getattr(mod, "apply_rotary_pos_emb", None) if mod is not None else None
@@ -195,3 +261,4 @@ def active(on: bool = True) -> Iterator[None]:
         yield
     finally:
         _state.on = before
+        _state.__dict__.pop("stash", None)  # q/k/v outputs not yet taken (a step that raised)

@@ -12,6 +12,7 @@ from contextlib import nullcontext
 
 import torch
 
+from .. import determinism
 from . import decode_attention, fused_step
 
 BUCKET = 256  # cache slots per bucket: one CUDA graph each (a 2,048-token generation: ~9)
@@ -33,6 +34,10 @@ class StaticDecoder:
     whole cache, one graph. With `fused`, a step's RMSNorms, rotary embeddings and SiLU·mul run
     as compiled kernels (fused_step.py; the prefill stays eager).
     """
+
+    # a step's index writes (the cache's slot, the output's column) go to distinct indices: in
+    # deterministic mode they need not take torch's sorted index_put_ (determinism.distinct_index_writes)
+    distinct_writes = True
 
     def __init__(self, model: torch.nn.Module, batch: int, max_len: int, new_tokens: int, eos: list[int],
                  suppress_eos: bool, use_graph: bool, filled: bool = True, fused: bool = False) -> None:
@@ -88,13 +93,14 @@ class StaticDecoder:
 
     def _step(self, length: int) -> None:
         """One decode step over `length` cache slots, device operations only (the body of a CUDA graph)."""
-        with decode_attention.active(self.model, length) if self.filled else nullcontext(), fused_step.active(self.fused is not None):
+        with (decode_attention.active(self.model, length) if self.filled else nullcontext(), fused_step.active(self.fused is not None),
+              determinism.distinct_index_writes() if self.distinct_writes and self.device.type == "cuda" else nullcontext()):
             out = self.model(input_ids=self.tok, position_ids=self.pos, cache_position=self.slot, attention_mask=self.mask,
                              past_key_values=self.cache, use_cache=True)
-        self._emit(out.logits[:, -1, :])
-        self.pos.add_(1)
-        self.slot.add_(1)
-        self.mask.index_fill_(3, self.slot, self.visible)  # the next token's own slot becomes visible
+            self._emit(out.logits[:, -1, :])
+            self.pos.add_(1)
+            self.slot.add_(1)
+            self.mask.index_fill_(3, self.slot, self.visible)  # the next token's own slot becomes visible
 
     def _prefill(self, ids: torch.Tensor, attn: torch.Tensor) -> None:
         self.cache.reset()

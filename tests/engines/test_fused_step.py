@@ -26,7 +26,7 @@ def tiny_llama(act: str = "silu"):
 def test_install_wraps_llamas_norms_mlps_and_rotary_and_nothing_else():
     model = tiny_llama()
     counts = fused_step.install(model)
-    assert counts == {"rmsnorm": 2 * 2 + 1, "mlp": 2, "rope_modules": 1}
+    assert counts == {"rmsnorm": 2 * 2 + 1, "mlp": 2, "rope_modules": 1, "qkv_groups": 2}
     assert fused_step.install(model) == counts  # idempotent: nothing wrapped twice
     gelu = tiny_llama(act="gelu")
     assert fused_step.install(gelu)["mlp"] == 0  # its MLP is not SiLU·mul: left eager
@@ -138,7 +138,7 @@ def test_fused_static_decode_gives_the_plain_paths_greedy_tokens_on_the_real_mod
     fused.static_fused = True
     got = fused.generate(ids, 16, suppress_eos=True, batch_size=3)
     assert not fused_step.failures(), fused_step.failures()
-    assert fused.describe()["decode_fused"] == {"rmsnorm": 61, "mlp": 30, "rope_modules": 1}
+    assert fused.describe()["decode_fused"] == {"rmsnorm": 61, "mlp": 30, "rope_modules": 1, "qkv_groups": 30}
     assert got.tokens == plain.tokens
 
 
@@ -146,3 +146,54 @@ def test_the_decoder_is_rebuilt_when_fusion_is_switched():
     model = tiny_llama()
     dec = StaticDecoder(model, batch=1, max_len=16, new_tokens=4, eos=[1], suppress_eos=True, use_graph=False, fused=True)
     assert dec.fits(1, 16, 4, [1], True, True, True) and not dec.fits(1, 16, 4, [1], True, True, False)
+
+
+def test_one_row_steps_take_the_gemv_kernels_qkv_in_one_launch(monkeypatch):
+    """At one row (a batch-1 decode step) the plain linears go to qval/engines/gemv.py: q/k/v as one
+    grouped launch whose k and v outputs serve the k and v projections' own calls, gate/up/SiLU·mul
+    as one; a quantized subclass, a bias, two rows or a call outside the step keep their own
+    product. The kernels are Triton (GPU only): here stand-ins with F.linear's arithmetic, so the
+    routing is what is checked, and the step's logits must be the eager ones."""
+    import copy
+
+    import torch.nn.functional as F
+
+    from qval.engines import gemv
+
+    model = tiny_llama()
+    fused_step.install(model)
+    launches: list[tuple[int, ...]] = []
+
+    def grouped(x, weights):
+        launches.append(tuple(w.shape[0] for w in weights))
+        return [F.linear(x, w) for w in weights]
+
+    def gate_up_silu(x, g, u):
+        launches.append(("gate_up", g.shape[0]))
+        return F.silu(F.linear(x, g)) * F.linear(x, u)
+
+    monkeypatch.setattr(gemv, "usable", lambda x, ws: x.numel() == x.shape[-1])
+    monkeypatch.setattr(gemv, "grouped", grouped)
+    monkeypatch.setattr(gemv, "gate_up_silu", gate_up_silu)
+    monkeypatch.setattr(fused_step, "_call", lambda name, eager, *a: eager(*a))
+    one = torch.tensor([[5]])
+    with torch.no_grad():
+        want = model(one).logits
+        assert launches == []  # outside a step: transformers' products
+        with fused_step.active():
+            got = model(one).logits
+        # per layer: q/k/v (32 + 16 + 16 rows) in one launch, o, gate/up/SiLU in one, down; then lm_head
+        assert launches == [(32, 16, 16), (32,), ("gate_up", 64), (32,)] * 2 + [(64,)]
+        assert torch.equal(got, want)
+        launches.clear()
+        with fused_step.active():
+            model(torch.tensor([[5, 6]]))  # two positions: not a GEMV
+        assert launches == []
+        twin = copy.deepcopy(model)
+        for a, b in zip(model.model.layers, twin.model.layers):  # the copy's group is its own modules
+            assert b.self_attn.q_proj._qval_qkv == (b.self_attn.q_proj, b.self_attn.k_proj, b.self_attn.v_proj)
+            assert all(x is not y for x, y in zip(a.self_attn.q_proj._qval_qkv, b.self_attn.q_proj._qval_qkv))
+        with torch.no_grad(), fused_step.active():
+            torch.nn.init.zeros_(twin.lm_head.weight)
+            assert torch.equal(twin(one).logits, torch.zeros_like(want))
+            assert torch.equal(model(one).logits, want)

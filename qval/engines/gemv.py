@@ -1,0 +1,161 @@
+"""A batch-1 decode step's products on a GPU: Triton GEMV kernels, the projections that read one input in one launch.
+
+At batch 1 a decode step's products are matrix-vector products, bound by reading the weights.
+cuBLAS's kernels for them read an 8B Llama's weights at ~3.2 TB/s on the H200 against the copy's
+~4.1; the K/V projections (1,024 × 4,096) at 1.1 TB/s: too little work for a launch. Measured in
+one process (`benchmarks/gemv.py`, 32 layers of distinct weights replayed from a CUDA graph):
+cuBLAS 4.66 ms a step, q/k/v and gate/up concatenated 4.09 ms, the kernel here on the
+concatenated layout 3.74 ms (×1.01 the weights' bytes ÷ the copy bandwidth).
+
+Without concatenating anything (no second copy of the weights, no views that a checkpoint writer
+would refuse): `grouped` reads up to three weights in one launch — each program a block of one
+weight's output rows, the weights addressed as offsets from the first — and `gate_up_silu` reads
+the gate and up rows of a block together and writes SiLU(gate)·up, the MLP's element-wise work in
+the same kernel. Each program sums its rows over the whole input in float32 and rounds once to the
+weight's dtype, as the products do; the order of the sum is the kernel's own (block of BK columns,
+then across the block), not cuBLAS's, so a product can differ from cuBLAS's in its last bit. Block
+shapes come from a fixed table (measured on the H200, `benchmarks/gemv.py`), never from timing at
+run time: the same shapes give the same sums in every run.
+
+Only what this module can address: CUDA tensors, one row, bfloat16/float16 weights, contiguous,
+no bias, an input dimension a block divides. Everything else (and no Triton) is `None` from
+`plan` and the caller keeps its own product. fused_step.py calls this inside the static decoder's
+step; nothing else does.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+_kernels: dict[str, Any] = {}
+_missing: list[str] = []  # why Triton cannot be used here (once)
+
+
+def _load() -> bool:
+    if _kernels or _missing:
+        return bool(_kernels)
+    try:
+        import triton
+        import triton.language as tl
+    except ImportError as err:
+        _missing.append(f"no Triton ({err})")
+        return False
+
+    @triton.jit
+    def grouped_kernel(w_ptr, x_ptr, y_ptr, off1, off2, n0, n1, n2, b0, b1, k,
+                       BN: tl.constexpr, BK: tl.constexpr):
+        pid = tl.program_id(0)
+        # which weight this program's block of rows belongs to; the weights as offsets from the first
+        second = pid >= b0
+        third = pid >= b1
+        first_row = tl.where(third, (pid - b1) * BN, tl.where(second, (pid - b0) * BN, pid * BN))
+        n = tl.where(third, n2, tl.where(second, n1, n0))
+        w_off = tl.where(third, off2, tl.where(second, off1, 0)).to(tl.int64)
+        y_off = tl.where(third, n0 + n1, tl.where(second, n0, 0))
+        rows = first_row + tl.arange(0, BN)
+        cols = tl.arange(0, BK)
+        live = rows < n
+        acc = tl.zeros((BN, BK), dtype=tl.float32)
+        base = w_ptr + w_off + rows.to(tl.int64)[:, None] * k
+        for k0 in range(0, k, BK):
+            w = tl.load(base + (k0 + cols)[None, :], mask=live[:, None], other=0.0)
+            xk = tl.load(x_ptr + k0 + cols)
+            acc += w.to(tl.float32) * xk.to(tl.float32)[None, :]
+        y = tl.sum(acc, axis=1)
+        tl.store(y_ptr + y_off + rows, y.to(y_ptr.dtype.element_ty), mask=live)
+
+    @triton.jit
+    def gate_up_kernel(g_ptr, up_off, x_ptr, y_ptr, n, k, BN: tl.constexpr, BK: tl.constexpr):
+        pid = tl.program_id(0)
+        rows = pid * BN + tl.arange(0, BN)
+        cols = tl.arange(0, BK)
+        live = rows < n
+        ag = tl.zeros((BN, BK), dtype=tl.float32)
+        au = tl.zeros((BN, BK), dtype=tl.float32)
+        base = g_ptr + rows.to(tl.int64)[:, None] * k
+        for k0 in range(0, k, BK):
+            xk = tl.load(x_ptr + k0 + cols).to(tl.float32)[None, :]
+            g = tl.load(base + (k0 + cols)[None, :], mask=live[:, None], other=0.0)
+            u = tl.load(base + up_off.to(tl.int64) + (k0 + cols)[None, :], mask=live[:, None], other=0.0)
+            ag += g.to(tl.float32) * xk
+            au += u.to(tl.float32) * xk
+        dt = y_ptr.dtype.element_ty
+        # each step rounded where eager rounds: the two products, SiLU's output, the product of both
+        g = tl.sum(ag, axis=1).to(dt).to(tl.float32)
+        u = tl.sum(au, axis=1).to(dt).to(tl.float32)
+        s = (g / (1.0 + tl.exp(-g))).to(dt).to(tl.float32)
+        tl.store(y_ptr + rows, (s * u).to(dt), mask=live)
+
+    _kernels.update(grouped=grouped_kernel, gate_up=gate_up_kernel, cdiv=triton.cdiv)
+    return True
+
+
+def block(rows: int, k: int) -> tuple[int, int, int, int] | None:
+    """(BN, BK, warps, stages) for `rows` output rows (all of a launch's weights) over `k` inputs;
+    None when no block divides `k`. From benchmarks/gemv.py on the H200 (the best of 44 shapes per
+    weight shape): many rows, small blocks of many rows; few rows, long blocks."""
+    if rows >= 12288:
+        bn, bks, warps, stages = 16, (256, 128, 64), 4, 3
+    elif rows >= 5120:
+        bn, bks, warps, stages = 8, (512, 256, 128, 64), 4, 3
+    else:
+        bn, bks, warps, stages = 4, (1024, 512, 256, 128, 64), 4, 1
+    bk = next((b for b in bks if k % b == 0), None)
+    return None if bk is None else (bn, bk, warps, stages)
+
+
+def usable(x: torch.Tensor, weights: list[torch.Tensor]) -> bool:
+    """Whether `x` (one row) times these weights can run here."""
+    if not x.is_cuda or x.numel() != x.shape[-1] or not x.is_contiguous():
+        return False
+    w0 = weights[0]
+    if w0.dtype not in (torch.bfloat16, torch.float16) or x.dtype != w0.dtype:
+        return False
+    k = w0.shape[1]
+    if x.shape[-1] != k or any(w.dtype != w0.dtype or w.device != x.device or w.dim() != 2 or w.shape[1] != k
+                               or not w.is_contiguous() for w in weights):
+        return False
+    if any((w.data_ptr() - w0.data_ptr()) % w0.element_size() for w in weights):
+        return False
+    return block(sum(w.shape[0] for w in weights), k) is not None and _load()
+
+
+def grouped(x: torch.Tensor, weights: list[torch.Tensor]) -> list[torch.Tensor]:
+    """`x @ w.T` for each of up to three weights, one launch; outputs shaped like `F.linear`'s
+    (x's leading axes, then each weight's rows), views of one buffer. Call `usable` first."""
+    assert 1 <= len(weights) <= 3
+    ws = list(weights) + [weights[0]] * (3 - len(weights))
+    ns = [w.shape[0] if i < len(weights) else 0 for i, w in enumerate(ws)]
+    k = weights[0].shape[1]
+    bn, bk, warps, stages = block(sum(ns), k)  # type: ignore[misc]
+    cdiv = _kernels["cdiv"]
+    b0 = cdiv(ns[0], bn)
+    b1 = b0 + cdiv(ns[1], bn)
+    grid = b1 + cdiv(ns[2], bn)
+    es = ws[0].element_size()
+    offs = [(w.data_ptr() - ws[0].data_ptr()) // es for w in ws]
+    y = torch.empty(sum(ns), dtype=x.dtype, device=x.device)
+    _kernels["grouped"][(grid,)](ws[0], x, y, offs[1], offs[2], ns[0], ns[1], ns[2], b0, b1, k,
+                                 BN=bn, BK=bk, num_warps=warps, num_stages=stages)
+    lead = x.shape[:-1]
+    out, start = [], 0
+    for n in ns[: len(weights)]:
+        out.append(y[start : start + n].view(*lead, n))
+        start += n
+    return out
+
+
+def gate_up_silu(x: torch.Tensor, gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+    """SiLU(x @ gate.T) · (x @ up.T), one launch. Call `usable(x, [gate, up])` first (same shapes)."""
+    n, k = gate.shape
+    bn, bk, warps, stages = block(2 * n, k)  # type: ignore[misc]
+    y = torch.empty(n, dtype=x.dtype, device=x.device)
+    off = (up.data_ptr() - gate.data_ptr()) // gate.element_size()
+    _kernels["gate_up"][(_kernels["cdiv"](n, bn),)](gate, off, x, y, n, k, BN=bn, BK=bk, num_warps=warps, num_stages=stages)
+    return y.view(*x.shape[:-1], n)
+
+
+def missing() -> str | None:
+    return _missing[0] if _missing else None
