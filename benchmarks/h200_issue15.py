@@ -153,6 +153,8 @@ def main() -> None:
                     help="only the after variants (fused decode, rows at once): the before figures of an earlier run stand")
     ap.add_argument("--spans", action="store_true",
                     help="e2e: time the gate's stages and the engines' work inside them (spans.py; syncs the GPU at each edge)")
+    ap.add_argument("--deterministic", action="store_true",
+                    help="qval's deterministic mode from the start (as run_gate sets it on a GPU): the decode figures in the gate's own numerics")
     ap.add_argument("--smoke", action="store_true", help="toy shape and budgets on any device: check the script in ~2 minutes")
     args = ap.parse_args()
     started = time.perf_counter()
@@ -188,6 +190,10 @@ def main() -> None:
         return res[name]
 
     device = "cuda" if torch.cuda.is_available() else "cpu"
+    if args.deterministic:
+        from qval import determinism
+
+        res["determinism_mode"] = determinism.configure(device)  # before the first CUDA work, as load_model does
     if args.smoke:
         global SHORT
         args.shape, args.peer_tokens, args.peer_window, args.peer_batch, SHORT = "smoke", 1024, 128, 2, 16

@@ -153,10 +153,10 @@ def scoring(ref: Any, cand: Any, tokenizer: Any, make_config: Callable[[int], An
 
 def _kind(name: str) -> str:
     n = name.lower()
+    if any(k in n for k in ("fmha", "flash", "attention", "attn")):  # first: the mem-efficient kernel is a CUTLASS one
+        return "attention"
     if any(k in n for k in ("gemm", "gemv", "cutlass", "nvjet", "xmma", "cublas", "splitk", "grouped_kernel", "gate_up_kernel")):
         return "matmul"
-    if any(k in n for k in ("fmha", "flash", "attention", "attn")):
-        return "attention"
     return "other"
 
 
