@@ -18,8 +18,8 @@ shapes come from a fixed table (measured on the H200, `benchmarks/gemv.py`), nev
 run time: the same shapes give the same sums in every run.
 
 Only what this module can address: CUDA tensors, one row, bfloat16/float16 weights, contiguous,
-no bias, an input dimension a block divides. Everything else (and no Triton) is `None` from
-`plan` and the caller keeps its own product. fused_step.py calls this inside the static decoder's
+no bias, an input dimension a block divides. For everything else (and without Triton) `usable`
+is False and the caller keeps its own product. fused_step.py calls this inside the static decoder's
 step; nothing else does.
 """
 
