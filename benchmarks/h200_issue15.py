@@ -6,6 +6,10 @@
 On a random-weight Llama of the 8B layout (bf16) and its FP8 fake-quant candidate (calibrated as
 `bench.py` does), every "before" and "after" in the same run, against limits measured in it:
 
+- `gemv`, `attn`: a step's products alone (benchmarks/gemv.py) and its attention alone
+  (benchmarks/decode_kernel.py), each kernel against cuBLAS / sdpa and against its floor;
+- `b8`: gate 3's decode at batch 8 × 2,048 and batch 1 before and after gemv.py's products at 8 rows
+  and decode_kernel.py's attention (with `--deterministic`: in the gate's own mode);
 - `decode`: the reference's static decode without and with the fused element-wise step
   (`HFEngine.static_fused`, qval/engines/fused_step.py): batch 1 × 256 tokens against the roofline
   (weight bytes ÷ the copy bandwidth), batch 8 × 2,048 tokens per 256-step segment against its floor
@@ -227,7 +231,10 @@ def main() -> None:
         import gemv
 
         step("gemv", 120, lambda: gemv.run(out / "gemv", layers=4 if args.smoke else gemv.LAYERS))
-    if only & {"decode", "b1", "determinism", "candidate", "tf", "peer"}:
+        import decode_kernel
+
+        step("attn", 90, lambda: decode_kernel.run(out / "attn", layers=4 if args.smoke else decode_kernel.LAYERS))
+    if only & {"decode", "b8", "b1", "determinism", "candidate", "tf", "peer"}:
         cfg = bench.gate_config("i15", spec, data, work / "reports", plan)
         facts, session = bench.calibrate_and_build(loaded, cfg)
         res["calibration_s"] = (facts.get("calibration") or {}).get("seconds")
@@ -293,11 +300,64 @@ def main() -> None:
             engine.decode = "auto"
             return row
 
+        def batch8(engine: Any) -> dict[str, Any]:
+            """Gate 3's decode (batch 8 × 2,048 new tokens, per 256-step segment against its floor) and
+            batch 1, before and after each of this step's kernels, in one process: cuBLAS products and
+            sdpa attention (before), gemv.py's products at 8 rows, then decode_kernel.py's attention
+            too; the greedy tokens of each against the others, the last against the plain path, and
+            the last's kernel profile. Run with --deterministic for the gate's own mode."""
+            from qval.engines import decode_attention, fused_step
+
+            row: dict[str, Any] = {}
+            roof = 1000 * wbytes / bw["bytes_per_s"]
+            group = [prompts[i % len(prompts)] for i in range(8)]
+            toks = {}
+            for name, use_gemv, use_kernel in (("before", False, False), ("gemv", True, False), ("gemv_kernel", True, True)):
+                fused_step.use_gemv, decode_attention.use_kernel = use_gemv, use_kernel
+                engine.static_fused, engine._decoder, engine.decode = True, None, "static"
+                if device == "cuda":
+                    t = h200_decode.timeline(engine, group, new_tokens)
+                    toks[name] = t.pop("tokens")
+                    r = h200_decode.with_floors(t, wbytes, 8, per_slot, bw["bytes_per_s"])
+                else:  # --smoke on a CPU: no device events, the script's own path only
+                    toks[name] = engine.generate(group, new_tokens, suppress_eos=True, batch_size=8).tokens
+                    r = {"x_floor_overall": float("nan")}
+                one = measure.decode_speed(engine, prompts[:1], 1, SHORT, 3, "static")
+                one["x_roofline"] = one["ms_per_step"] / roof
+                row[name] = {"batch8_long": r, "batch1": one}
+                print(f"[i15] b8 {name}: x{r['x_floor_overall']:.3f} floor; b1 x{one['x_roofline']:.3f}", flush=True)
+            for a, b in (("before", "gemv"), ("gemv", "gemv_kernel")):
+                row[f"{a}_vs_{b}_first_divergence"] = [next((i for i, (x, y) in enumerate(zip(r, s)) if x != y), None)
+                                                      for r, s in zip(toks[a], toks[b])]
+            engine.static_fused, engine._decoder = True, None
+            row["identity_plain_vs_static"] = measure.greedy_identity(engine, prompts, 8, min(256, new_tokens))
+            row["profile_b8"] = measure.step_profile(engine, prompts, 8, SHORT, wbytes, bw["bytes_per_s"])
+            row["profile_b1"] = measure.step_profile(engine, prompts, 1, SHORT, wbytes, bw["bytes_per_s"])
+            row["notes"] = list(engine.notes)
+            engine.decode = "auto"
+            return row
+
+        step("b8", 150, lambda: batch8(ref))
         step("b1", 60, lambda: batch1(ref))
         step("determinism", 60, lambda: deterministic(ref))
         step("decode", 150, lambda: decode_both(ref, True))
         step("decode:profile", 40, lambda: measure.step_profile(ref, prompts, 8, SHORT, wbytes, bw["bytes_per_s"]))
-        step("candidate", 60, lambda: decode_both(cand, False))
+        def candidate(engine: Any) -> dict[str, Any]:
+            """The FP8 candidate's decode (batch 1 and 8 × 256, fused step) without and with gemv.py's
+            products (after its lean input quantizer) and decode_kernel.py's attention."""
+            from qval.engines import decode_attention, fused_step
+
+            row: dict[str, Any] = {}
+            for name, use in (("before", False), ("after", True)):
+                fused_step.use_gemv, decode_attention.use_kernel = use, use
+                engine.static_fused, engine._decoder = True, None
+                row[name] = decode_rows(engine, prompts, wbytes, per_slot, bw["bytes_per_s"], new_tokens, 8, False)
+            row["identity_plain_vs_static"] = measure.greedy_identity(engine, prompts, 8, min(256, new_tokens))
+            row["profile_b8"] = measure.step_profile(engine, prompts, 8, SHORT, wbytes, bw["bytes_per_s"])
+            engine.decode = "auto"
+            return row
+
+        step("candidate", 60, lambda: candidate(cand) if args.skip_before else decode_both(cand, False))
         step("tf", 90, lambda: teacher_forced(ref, cand, tok, prompts, new_tokens, piece, 8, 1, before=not args.skip_before))
         step("peer", 60, lambda: peer_lmeval.compare(model, tok, name=loaded.name, dtype=loaded.compute_dtype,
                                                      dataset=ROOT / "calib_data/heldout_eval.jsonl", max_tokens=args.peer_tokens,
@@ -322,11 +382,11 @@ def main() -> None:
     brief = {k: v for k, v in res.items() if k in ("bandwidth", "roofline_ms", "calibration_s", "wall_s")}
     print(json.dumps(brief, default=str))
     for k in ("decode", "candidate"):
-        for v in ("unfused", "fused"):
+        for v in ("unfused", "fused", "before", "after"):
             r = (res.get(k) or {}).get(v) or {}
             print(k, v, {kk: round(r[kk]["x_roofline"], 3) for kk in ("batch1", "batch8_256") if kk in r},
                   round(r["batch8_long"]["x_floor_overall"], 3) if "batch8_long" in r else "", r.get("notes"))
-    for k in ("gemv", "b1", "determinism", "tf", "peer", "e2e"):
+    for k in ("gemv", "attn", "b8", "b1", "determinism", "tf", "peer", "e2e"):
         print(k, json.dumps({kk: vv for kk, vv in (res.get(k) or {}).items() if kk != "spans"}, default=str)[:1500])
     for label, v in ((res.get("e2e") or {}).get("spans") or {}).items():
         print("span", label, v)

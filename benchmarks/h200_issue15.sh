@@ -9,6 +9,8 @@
 # run8b: h200_issue15.py on the 8B layout (decode, candidate, tf, peer, e2e; DEADLINE seconds, default 500);
 #        RESULTS §14.3: ONLY=gemv,e2e EXTRA=--spans (the products alone, where the gate's seconds go), then
 #        ONLY=b1,determinism,e2e EXTRA=--spans; `real` with ONLY=b1 for the GEMV path on the built-in model
+#        RESULTS §14.4: ONLY=gemv,attn EXTRA=--deterministic (the sweeps), then ONLY=b8,candidate,e2e
+#        EXTRA="--deterministic --skip-before --spans"; `real` with ONLY=b8 EXTRA="--deterministic --skip-before"
 # real:  h200_issue15.py --real (the built-in model: decode and the lm-eval peer; ONLY to change)
 # repro (one call, carry [.whl, .whl2, .tok]): the 8B-shaped FP8 gate (repro_gate.py, qval's deterministic mode)
 #        twice in two processes and fresh folders, then compare_reports.py on the two reports (RESULTS §12, §14.2)

@@ -155,7 +155,8 @@ def _kind(name: str) -> str:
     n = name.lower()
     if any(k in n for k in ("fmha", "flash", "attention", "attn")):  # first: the mem-efficient kernel is a CUTLASS one
         return "attention"
-    if any(k in n for k in ("gemm", "gemv", "cutlass", "nvjet", "xmma", "cublas", "splitk", "grouped_kernel", "gate_up_kernel")):
+    if any(k in n for k in ("gemm", "gemv", "cutlass", "nvjet", "xmma", "cublas", "splitk", "grouped_kernel", "gate_up_kernel",
+            "grouped_rows_kernel", "gate_up_rows_kernel")):
         return "matmul"
     return "other"
 

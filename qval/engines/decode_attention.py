@@ -17,6 +17,11 @@ bias) goes to transformers' own sdpa unchanged. The result is the same attention
 off are masked out (weight exactly 0) and the query heads keep their K/V head; the kernels'
 reduction order over a shorter axis and the batched query heads can differ in the last bit, which
 is why `benchmarks/h200_decode.py` compares the greedy tokens with the plain path's.
+
+On a GPU (CUDA, Triton, bfloat16/float16) the one-token step goes to decode_kernel.py's split-KV
+kernel instead of sdpa: with a mask sdpa has only its memory-efficient kernel in deterministic mode
+(the gate's), slower than the bytes it reads as the context grows. A kernel that cannot compile or
+launch here is recorded in `failures()` (an engine note) and sdpa runs from then on.
 """
 
 from __future__ import annotations
@@ -29,7 +34,11 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from . import decode_kernel
+
 NAME = "qval_static_decode"
+use_kernel = True  # on a GPU, decode_kernel.py's split-KV kernel (benchmarks switch it off to measure sdpa)
+_failed: dict[str, str] = {}  # "kernel" -> why decode_kernel.py could not run here (sdpa since)
 _state = threading.local()  # .length: the slots the current step attends over (None: not decoding)
 _registered = False
 
@@ -46,11 +55,25 @@ def attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, v
             or (attention_mask is not None and attention_mask.dtype != torch.bool)):
         return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs)
     length = min(length, key.shape[2])
+    if (use_kernel and "kernel" not in _failed and not kwargs.get("sliding_window") and not kwargs.get("softcap")
+            and decode_kernel.usable(query, key, attention_mask)):
+        try:
+            return decode_kernel.attend(query, key, value, attention_mask, length,
+                                        scaling if scaling is not None else d ** -0.5), None
+        except Exception as err:  # noqa: BLE001 - a Triton that cannot compile or launch here: sdpa from now on
+            if query.is_cuda and torch.cuda.is_current_stream_capturing():
+                raise  # never inside a graph capture (the decoder's warm-up step launches it first)
+            _failed["kernel"] = f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}"[:300]
     k, v = key[:, :, :length], value[:, :, :length]
     mask = attention_mask[..., :length] if attention_mask is not None else None  # [B, 1, 1, L]: broadcast over the group
     q = query.reshape(b, hkv, hq // hkv, d)  # head h = kv·G + g, as transformers' repeat_kv lays them out
     out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=0.0, scale=scaling)
     return out.reshape(b, hq, 1, d).transpose(1, 2).contiguous(), None
+
+
+def failures() -> dict[str, str]:
+    """Why the split-KV kernel could not run here (empty: it ran, or was never asked)."""
+    return dict(_failed)
 
 
 def supported(model: torch.nn.Module) -> bool:

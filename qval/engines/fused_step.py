@@ -7,8 +7,8 @@ concatenation per tensor, the sums), the MLP's SiLU·mul two. Here each is one `
 (inductor) function, compiled once for one row and once for any other batch size (the batch axis
 symbolic, every other axis fixed: a decode step has the same shapes at every length, so a gate
 compiles each at most twice), and called inside `StaticDecoder`'s own CUDA graph capture, so the
-graph replays the fused kernels. At one row the products too: every bias-free `nn.Linear` goes to
-gemv.py's Triton GEMV, q/k/v in one launch (`_QKV` names the group on the q projection; the k and
+graph replays the fused kernels. At 1 to 16 rows the products too: every bias-free `nn.Linear` goes to
+gemv.py's Triton kernels, q/k/v in one launch (`_QKV` names the group on the q projection; the k and
 v projections' own calls take the outputs it left), gate/up with SiLU·mul in one (RESULTS.md §14.3).
 
 `install(model)` wraps only code it recognises: the `forward` of an RMSNorm class whose source is
@@ -47,7 +47,7 @@ import torch.nn.functional as F
 
 from . import gemv
 
-use_gemv = True  # one-row steps through gemv.py's kernels (benchmarks switch it off to measure without)
+use_gemv = True  # steps of ≤ 16 rows through gemv.py's kernels (benchmarks switch it off to measure without)
 _QKV = "_qval_qkv"  # on a q projection: (q, k, v), the three products of one input, for one GEMV launch
 _state = threading.local()  # .on: this thread's decode step runs the fused functions
 _compiled: dict[str, Callable[..., Any]] = {}
@@ -158,13 +158,22 @@ def _gemv(fn: Callable[..., Any], *args: Any) -> Any:
         return None
 
 
+def gemv_product(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor | None:
+    """`x @ weight.T` through gemv.py's kernel (a quantized linear's product after its own input
+    quantizer, leanfp8.py), or None where it cannot run (the caller's `F.linear` then)."""
+    if not gemv.usable(x, [weight]):
+        return None
+    outs = _gemv(gemv.grouped, x, [weight])
+    return None if outs is None else outs[0]
+
+
 def _mlp_forward(eager: Callable[..., Any]) -> Callable[..., Any]:
     def forward(self: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
         if is_on() and str(getattr(self.config, "hidden_act", "")) == "silu":
             g, u = self.gate_proj, self.up_proj
             if (_plain(g) and _plain(u) and g.weight.shape == u.weight.shape and gemv.usable(x, [g.weight, u.weight])
                     and (h := _gemv(gemv.gate_up_silu, x, g.weight, u.weight)) is not None):
-                return self.down_proj(h)  # one row: gate, up and SiLU·mul in one kernel
+                return self.down_proj(h)  # gate, up and SiLU·mul in one kernel
             return self.down_proj(_call("silu_mul", _eager_silu_mul, g(x), u(x)))
         return eager(self, x)
 
@@ -172,7 +181,7 @@ def _mlp_forward(eager: Callable[..., Any]) -> Callable[..., Any]:
 
 
 def _linear_forward(eager: Callable[..., Any]) -> Callable[..., Any]:
-    """`nn.Linear.forward` within a step, one row: the GEMV kernel; q/k/v (`_QKV` on the first of
+    """`nn.Linear.forward` within a step of ≤ 16 rows: gemv.py's kernel; q/k/v (`_QKV` on the first of
     them) in one launch, the second and third's outputs kept for their own calls with the same input."""
 
     def forward(self: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:

@@ -26,7 +26,7 @@ import torch
 from ..memory import empty_tensors
 from .base import Engine, Generation
 from .kvcache import cpu_gqa_attention, growing_cache, install_prequantized_kv
-from . import fused_step
+from . import decode_attention, decode_kernel, fused_step, gemv
 from .static_decode import StaticDecoder
 
 DecodeMode = Literal["auto", "plain", "static"]
@@ -273,6 +273,12 @@ class HFEngine(Engine):
         if dec.fused is not None and (failed := fused_step.failures()) and not any("fused" in n for n in self.notes):
             self.notes.append("static decode's fused element-wise kernels could not be compiled here, ran eagerly: "
                               + "; ".join(f"{k}: {v}" for k, v in failed.items()))
+        if dec.fused is not None and (why := gemv.missing() or decode_kernel.missing()) and not any("Triton" in n for n in self.notes):
+            self.notes.append(f"static decode without its Triton kernels here ({why}): products through cuBLAS, "
+                              "attention through sdpa (slower; RESULTS.md §14.4)")
+        if dec.filled and (failed := decode_attention.failures()) and not any("split-KV" in n for n in self.notes):
+            self.notes.append("static decode's split-KV attention kernel could not run here, sdpa instead: "
+                              + "; ".join(failed.values()))
         return Generation(tokens=tokens, first_nonfinite_step=bad, eos_step=eos_at)
 
     def describe(self) -> dict[str, Any]:

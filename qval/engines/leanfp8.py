@@ -17,7 +17,8 @@ On a GPU (`install(..., gpu=True)`) the same arithmetic runs as one fused kernel
 (`torch.compile` of `_qdq`), under the same bit-identity check: there the host overhead is gone
 (the decode step is a CUDA graph) but each of ModelOpt's dozen small ops is still a kernel launch
 on the device, ×7 linears × every layer, every step (an 8B FP8 candidate decoded at batch 8 in
-14.5 ms per step against the reference's 8.4: RESULTS.md §14).
+14.5 ms per step against the reference's 8.4: RESULTS.md §14). Inside the static decoder's step the
+product after it is gemv.py's kernel, as the reference's plain linears' are there (fused_step.py).
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ import torch
 import torch.nn.functional as F
 
 from ..quantize.modelopt_adapter import quantizer_state
+from . import fused_step, gemv
 
 FP8_MAX = 448.0
 
@@ -69,7 +71,13 @@ def _lean(m: torch.nn.Module, fused: Any = None) -> Any:
             return F.linear(_qdq(x, scale, scale_inv), weight, bias)
         if fused is None or x.device != scale.device:
             return original(x)
-        return F.linear(fused(x, scale, scale_inv), weight, bias)
+        qx = fused(x, scale, scale_inv)
+        if bias is None and fused_step.is_on() and gemv.usable(qx, [weight]):
+            # inside the static decoder's step (up to 16 rows): the product as gemv.py's kernel, as the reference's
+            out = fused_step.gemv_product(qx, weight)
+            if out is not None:
+                return out
+        return F.linear(qx, weight, bias)
 
     forward.modelopt_forward = original  # type: ignore[attr-defined]
     return forward

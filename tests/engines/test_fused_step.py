@@ -151,9 +151,10 @@ def test_the_decoder_is_rebuilt_when_fusion_is_switched():
 def test_one_row_steps_take_the_gemv_kernels_qkv_in_one_launch(monkeypatch):
     """At one row (a batch-1 decode step) the plain linears go to qval/engines/gemv.py: q/k/v as one
     grouped launch whose k and v outputs serve the k and v projections' own calls, gate/up/SiLU·mul
-    as one; a quantized subclass, a bias, two rows or a call outside the step keep their own
-    product. The kernels are Triton (GPU only): here stand-ins with F.linear's arithmetic, so the
-    routing is what is checked, and the step's logits must be the eager ones."""
+    as one; a quantized subclass, a bias, what `usable` refuses (the stand-in here: two rows; the real
+    one takes 1 to 16 rows of a CUDA tensor) or a call outside the step keep their own product. The
+    kernels are Triton (GPU only): here stand-ins with F.linear's arithmetic, so the routing is what
+    is checked, and the step's logits must be the eager ones."""
     import copy
 
     import torch.nn.functional as F

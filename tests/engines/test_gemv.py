@@ -44,6 +44,25 @@ g, u = (torch.randn(n, k, dtype=torch.bfloat16) * 0.05 for _ in range(2))
 want = F.silu(F.linear(x.double(), g.double()).bfloat16()) * F.linear(x.double(), u.double()).bfloat16()
 got = gemv.gate_up_silu(x, g, u)
 out["gate_up"] = {"shape": list(got.shape), "ulps": ulps(got, want)}
+# 2 to 16 input rows (a batch-8 decode step): the tensor-core kernels, each output contiguous. In float16:
+# Triton 3.9's interpreter multiplies bfloat16 tl.dot operands as their raw bits (seen here: products of
+# ~1e11), so the kernels' shared code is checked through float16, which it computes right
+def ulps16(got, want):
+    spacing = torch.finfo(torch.float16).eps * want.float().abs().clamp_min(1e-3)
+    return float(((got.float() - want.float()).abs() / spacing).max())
+
+out["rows"] = []
+for m, k, rows in [(8, 576, [576, 192, 192]), (3, 512, [300, 77]), (16, 256, [1000])]:
+    x = torch.randn(m, 1, k, dtype=torch.float16)
+    ws = [torch.randn(n, k, dtype=torch.float16) * 0.05 for n in rows]
+    got = gemv.grouped(x, ws)
+    out["rows"].append({"shapes": [list(o.shape) for o in got], "contiguous": all(o.is_contiguous() for o in got),
+                        "ulps": [ulps16(o, F.linear(x.double(), w.double())) for o, w in zip(got, ws)]})
+x = torch.randn(8, 1, 512, dtype=torch.float16)
+g, u = g.half(), u.half()
+want = F.silu(F.linear(x.double(), g.double()).half()) * F.linear(x.double(), u.double()).half()
+got = gemv.gate_up_silu(x, g, u)
+out["gate_up_rows"] = {"shape": list(got.shape), "ulps": ulps16(got, want)}
 print(json.dumps(out))
 '''
 
@@ -68,6 +87,14 @@ def test_grouped_gives_each_weights_product_in_one_launch(interpreted):
 def test_gate_up_silu_rounds_where_eager_rounds(interpreted):
     assert interpreted["gate_up"]["shape"] == [1, 1, 700]
     assert interpreted["gate_up"]["ulps"] <= 4.0  # three roundings, each of a product that may already sit one ulp apart
+
+
+def test_many_rows_give_each_row_its_product(interpreted):
+    for case, (m, rows) in zip(interpreted["rows"], [(8, [576, 192, 192]), (3, [300, 77]), (16, [1000])]):
+        assert case["shapes"] == [[m, 1, n] for n in rows] and case["contiguous"], case
+        assert max(case["ulps"]) <= 1.0, case
+    assert interpreted["gate_up_rows"]["shape"] == [8, 1, 700]
+    assert interpreted["gate_up_rows"]["ulps"] <= 4.0
 
 
 def test_block_table_and_what_it_cannot_address():
