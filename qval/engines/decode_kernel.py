@@ -29,6 +29,8 @@ from typing import Any
 
 import torch
 
+from . import gemv
+
 _kernels: dict[str, Any] = {}
 _missing: list[str] = []
 
@@ -42,12 +44,9 @@ TARGET_PROGRAMS = 264  # pieces × rows × K/V heads aimed at: two per SM of the
 def _load() -> bool:
     if _kernels or _missing:
         return bool(_kernels)
-    try:
-        import triton
-        import triton.language as tl
-    except ImportError as err:
-        _missing.append(f"no Triton ({err})")
+    if (mods := gemv.triton_or_why(_missing)) is None:
         return False
+    triton, tl = mods
 
     @triton.jit
     def attn_piece_kernel(q_ptr, k_ptr, v_ptr, mask_ptr, o_ptr, ml_ptr, length, chunk, scale, hkv, splits,

@@ -9,7 +9,8 @@ symbolic, every other axis fixed: a decode step has the same shapes at every len
 compiles each at most twice), and called inside `StaticDecoder`'s own CUDA graph capture, so the
 graph replays the fused kernels. At 1 to 16 rows the products too: every bias-free `nn.Linear` goes to
 gemv.py's Triton kernels, q/k/v in one launch (`_QKV` names the group on the q projection; the k and
-v projections' own calls take the outputs it left), gate/up with SiLU·mul in one (RESULTS.md §14.3).
+v projections' own calls take the outputs it left), gate/up with SiLU·mul in one (RESULTS.md §14.3,
+§14.4); the FP8 candidate's lean linears the same way behind one quantized input (leanfp8.py).
 
 `install(model)` wraps only code it recognises: the `forward` of an RMSNorm class whose source is
 transformers' Llama RMSNorm (the same source in Llama, Mistral, Qwen2/3 and their modular copies),
@@ -49,6 +50,7 @@ from . import gemv
 
 use_gemv = True  # steps of ≤ 16 rows through gemv.py's kernels (benchmarks switch it off to measure without)
 _QKV = "_qval_qkv"  # on a q projection: (q, k, v), the three products of one input, for one GEMV launch
+_LEAN_GATE_UP = "_qval_lean_gate_up"  # leanfp8.GATE_UP: an FP8 gate projection's (quantizer, gate weight, up weight)
 _state = threading.local()  # .on: this thread's decode step runs the fused functions
 _compiled: dict[str, Callable[..., Any]] = {}
 _failed: dict[str, str] = {}  # name -> why its compiled form could not run (it runs eagerly since)
@@ -158,13 +160,23 @@ def _gemv(fn: Callable[..., Any], *args: Any) -> Any:
         return None
 
 
-def gemv_product(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor | None:
-    """`x @ weight.T` through gemv.py's kernel (a quantized linear's product after its own input
-    quantizer, leanfp8.py), or None where it cannot run (the caller's `F.linear` then)."""
-    if not gemv.usable(x, [weight]):
+def gemv_products(x: torch.Tensor, weights: list[torch.Tensor]) -> list[torch.Tensor] | None:
+    """`x @ w.T` for up to three weights in one gemv.py launch (a quantized linear's products after
+    its input quantizer, leanfp8.py), or None where it cannot run (the caller's `F.linear` then)."""
+    if not gemv.usable(x, weights):
         return None
-    outs = _gemv(gemv.grouped, x, [weight])
-    return None if outs is None else outs[0]
+    return _gemv(gemv.grouped, x, weights)
+
+
+def keep(module: torch.nn.Module, x: torch.Tensor, out: torch.Tensor) -> None:
+    """`module`'s output for input `x`, computed by another launch of this step (q/k/v in one)."""
+    _state.__dict__.setdefault("stash", {})[id(module)] = (x, out)
+
+
+def take(module: torch.nn.Module, x: torch.Tensor) -> torch.Tensor | None:
+    """The output `keep` left for `module` and this very input, once; None if there is none."""
+    kept = _state.__dict__.setdefault("stash", {}).pop(id(module), None)
+    return kept[1] if kept is not None and kept[0] is x else None
 
 
 def _mlp_forward(eager: Callable[..., Any]) -> Callable[..., Any]:
@@ -174,6 +186,10 @@ def _mlp_forward(eager: Callable[..., Any]) -> Callable[..., Any]:
             if (_plain(g) and _plain(u) and g.weight.shape == u.weight.shape and gemv.usable(x, [g.weight, u.weight])
                     and (h := _gemv(gemv.gate_up_silu, x, g.weight, u.weight)) is not None):
                 return self.down_proj(h)  # gate, up and SiLU·mul in one kernel
+            lean = g.__dict__.get(_LEAN_GATE_UP)  # FP8 gate/up with one input scale (leanfp8.py): one quantizer, one kernel
+            if (lean is not None and gemv.usable(x, [lean[1], lean[2]])
+                    and (h := _gemv(gemv.gate_up_silu, lean[0](x), lean[1], lean[2])) is not None):
+                return self.down_proj(h)
             return self.down_proj(_call("silu_mul", _eager_silu_mul, g(x), u(x)))
         return eager(self, x)
 
@@ -187,15 +203,14 @@ def _linear_forward(eager: Callable[..., Any]) -> Callable[..., Any]:
     def forward(self: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
         if not is_on() or not _plain(self):
             return eager(self, x)
-        stash = _state.__dict__.setdefault("stash", {})
-        kept = stash.pop(id(self), None)
-        if kept is not None and kept[0] is x:
-            return kept[1]
+        kept = take(self, x)
+        if kept is not None:
+            return kept
         group = self.__dict__.get(_QKV)
         if (group is not None and all(_plain(m) for m in group) and gemv.usable(x, [m.weight for m in group])
                 and (outs := _gemv(gemv.grouped, x, [m.weight for m in group])) is not None):
             for m, out in zip(group[1:], outs[1:]):
-                stash[id(m)] = (x, out)
+                keep(m, x, out)
             return outs[0]
         if gemv.usable(x, [self.weight]) and (outs := _gemv(gemv.grouped, x, [self.weight])) is not None:
             return outs[0]

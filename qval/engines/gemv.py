@@ -38,15 +38,23 @@ _kernels: dict[str, Any] = {}
 _missing: list[str] = []  # why Triton cannot be used here (once)
 
 
-def _load() -> bool:
-    if _kernels or _missing:
-        return bool(_kernels)
+def triton_or_why(missing: list[str]) -> tuple[Any, Any] | None:
+    """(triton, triton.language), or None with why appended to `missing` (once per module: its `_load`)."""
     try:
         import triton
         import triton.language as tl
     except ImportError as err:
-        _missing.append(f"no Triton ({err})")
+        missing.append(f"no Triton ({err})")
+        return None
+    return triton, tl
+
+
+def _load() -> bool:
+    if _kernels or _missing:
+        return bool(_kernels)
+    if (mods := triton_or_why(_missing)) is None:
         return False
+    triton, tl = mods
 
     @triton.jit
     def grouped_kernel(w_ptr, x_ptr, y_ptr, off1, off2, n0, n1, n2, b0, b1, k,

@@ -18,7 +18,9 @@ On a GPU (`install(..., gpu=True)`) the same arithmetic runs as one fused kernel
 (the decode step is a CUDA graph) but each of ModelOpt's dozen small ops is still a kernel launch
 on the device, ×7 linears × every layer, every step (an 8B FP8 candidate decoded at batch 8 in
 14.5 ms per step against the reference's 8.4: RESULTS.md §14). Inside the static decoder's step the
-product after it is gemv.py's kernel, as the reference's plain linears' are there (fused_step.py).
+product after it is gemv.py's kernel, as the reference's plain linears' are there (fused_step.py), and
+q/k/v (gate/up) whose input scales are bit-equal share one quantized input and one launch (`_group`:
+the three quantizers would give the same tensor; RESULTS.md §14.4).
 """
 
 from __future__ import annotations
@@ -64,28 +66,71 @@ def _lean(m: torch.nn.Module, fused: Any = None) -> Any:
     scale = FP8_MAX / amax  # the same float32 ops as fp8_eager, done once
     scale_inv = 1 / scale
 
+    def quant(x: torch.Tensor) -> torch.Tensor:
+        return _qdq(x, scale, scale_inv) if x.device.type == "cpu" else fused(x, scale, scale_inv)
+
     def forward(x: torch.Tensor) -> torch.Tensor:
         if x.numel() == 0:
             return original(x)
-        if x.device.type == "cpu":
-            return F.linear(_qdq(x, scale, scale_inv), weight, bias)
-        if fused is None or x.device != scale.device:
+        if x.device.type != "cpu" and (fused is None or x.device != scale.device):
             return original(x)
-        qx = fused(x, scale, scale_inv)
-        if bias is None and fused_step.is_on() and gemv.usable(qx, [weight]):
-            # inside the static decoder's step (up to 16 rows): the product as gemv.py's kernel, as the reference's
-            out = fused_step.gemv_product(qx, weight)
-            if out is not None:
-                return out
-        return F.linear(qx, weight, bias)
+        if bias is None and fused_step.is_on():
+            # inside the static decoder's step: gemv.py's kernels, as the reference's plain linears there;
+            # q/k/v behind one quantizer when their scales are equal (`_group`): one launch, k and v kept
+            kept = fused_step.take(m, x)
+            if kept is not None:
+                return kept
+            qx = quant(x)
+            group = m.__dict__.get(QKV)
+            if group is not None and gemv.usable(qx, list(group[2:])):
+                outs = fused_step.gemv_products(qx, list(group[2:]))
+                if outs is not None:
+                    fused_step.keep(group[0], x, outs[1])
+                    fused_step.keep(group[1], x, outs[2])
+                    return outs[0]
+            out = fused_step.gemv_products(qx, [weight])
+            return F.linear(qx, weight, bias) if out is None else out[0]
+        return F.linear(quant(x), weight, bias)
 
     forward.modelopt_forward = original  # type: ignore[attr-defined]
+    forward.lean = (quant, scale, weight, bias)  # type: ignore[attr-defined]
     return forward
+
+
+QKV = "_qval_lean_qkv"  # on a lean q projection: (k module, v module, q, k, v weights), one scale for the three
+GATE_UP = "_qval_lean_gate_up"  # on a lean gate projection: (its quantizer, gate weight, up weight), one scale
+
+
+def _shared(mods: list[Any]) -> bool:
+    """Lean linears, bias-free, one input size, bit-equal input scales: one quantized input serves them all."""
+    leans = [getattr(getattr(m, "forward", None), "lean", None) for m in mods]
+    if any(lean is None or lean[3] is not None for lean in leans):
+        return False
+    return len({lean[2].shape[1] for lean in leans}) == 1 and all(torch.equal(lean[1], leans[0][1]) for lean in leans)
+
+
+def _group(model: torch.nn.Module) -> int:
+    """Mark q/k/v and gate/up whose input scales are equal (ModelOpt calibrates each on the same input,
+    so they normally are): inside the static decoder's step they share one quantized input and one
+    launch (fused_step.py). How many groups."""
+    n = 0
+    for module in model.modules():
+        qkv = [getattr(module, a, None) for a in ("q_proj", "k_proj", "v_proj")]
+        if all(m is not None for m in qkv) and _shared(qkv):
+            module.q_proj.__dict__[QKV] = (qkv[1], qkv[2], *(m.forward.lean[2] for m in qkv))
+            n += 1
+        gu = [getattr(module, a, None) for a in ("gate_proj", "up_proj")]
+        if all(m is not None for m in gu) and _shared(gu) and gu[0].forward.lean[2].shape == gu[1].forward.lean[2].shape:
+            module.gate_proj.__dict__[GATE_UP] = (gu[0].forward.lean[0], gu[0].forward.lean[2], gu[1].forward.lean[2])
+            n += 1
+    return n
 
 
 def _restore(mods: list[torch.nn.Module]) -> None:
     for m in mods:
         m.forward = m.forward.modelopt_forward
+        m.__dict__.pop(QKV, None)
+        m.__dict__.pop(GATE_UP, None)
 
 
 def install(model: torch.nn.Module, probe: torch.Tensor, gpu: bool = False) -> tuple[int, str | None]:
@@ -108,6 +153,7 @@ def install(model: torch.nn.Module, probe: torch.Tensor, gpu: bool = False) -> t
         _restore(mods)
         diff = (before - after).abs().max().item()
         return 0, f"lean FP8 forward not bit-identical to ModelOpt's (max |Δlogit| {diff:.3g}); ModelOpt's forward kept"
+    _group(model)
     return len(mods), None
 
 

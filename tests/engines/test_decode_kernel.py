@@ -7,18 +7,12 @@ is the same for both."""
 
 from __future__ import annotations
 
-import importlib.util
-import json
-import os
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
 from qval.engines import decode_kernel
+from tests.engines.triton_helpers import interpreted as run_interpreted
 
-ROOT = Path(__file__).resolve().parents[2]
 
 CHECK = r'''
 import json, torch
@@ -64,12 +58,7 @@ print(json.dumps(out))
 
 @pytest.fixture(scope="module")
 def interpreted() -> list:
-    if importlib.util.find_spec("triton") is None:
-        pytest.skip("Triton is not installed")
-    env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": os.pathsep.join([str(ROOT), *sys.path])}
-    done = subprocess.run([sys.executable, "-c", CHECK], env=env, capture_output=True, text=True, timeout=600, cwd=ROOT)
-    assert done.returncode == 0, done.stderr[-3000:]
-    return json.loads(done.stdout.strip().splitlines()[-1])
+    return run_interpreted(CHECK, 600)
 
 
 def test_attention_over_the_seen_slots_in_pieces(interpreted):

@@ -11,6 +11,7 @@ import torch
 
 from qval.engines import fused_step
 from qval.engines.hf import HFEngine, StaticDecoder
+from tests.engines import triton_helpers
 
 
 def tiny_llama(act: str = "silu"):
@@ -157,21 +158,13 @@ def test_one_row_steps_take_the_gemv_kernels_qkv_in_one_launch(monkeypatch):
     is checked, and the step's logits must be the eager ones."""
     import copy
 
-    import torch.nn.functional as F
-
     from qval.engines import gemv
 
     model = tiny_llama()
     fused_step.install(model)
     launches: list[tuple[int, ...]] = []
 
-    def grouped(x, weights):
-        launches.append(tuple(w.shape[0] for w in weights))
-        return [F.linear(x, w) for w in weights]
-
-    def gate_up_silu(x, g, u):
-        launches.append(("gate_up", g.shape[0]))
-        return F.silu(F.linear(x, g)) * F.linear(x, u)
+    grouped, gate_up_silu = triton_helpers.gemv_standins(launches)
 
     monkeypatch.setattr(gemv, "usable", lambda x, ws: x.numel() == x.shape[-1])
     monkeypatch.setattr(gemv, "grouped", grouped)
@@ -198,3 +191,23 @@ def test_one_row_steps_take_the_gemv_kernels_qkv_in_one_launch(monkeypatch):
             torch.nn.init.zeros_(twin.lm_head.weight)
             assert torch.equal(twin(one).logits, torch.zeros_like(want))
             assert torch.equal(model(one).logits, want)
+
+
+def test_fp8_projections_share_a_quantizer_only_with_bit_equal_scales_and_no_bias():
+    """leanfp8._shared: q/k/v (or gate/up) are grouped behind one quantized input only when every one
+    is a lean FP8 linear without bias, of one input size, with bit-equal input scales."""
+    from types import SimpleNamespace
+
+    from qval.engines import leanfp8
+
+    def lin(scale, bias=None, k=8):
+        def forward(x):
+            return x
+        forward.lean = (None, torch.tensor(scale), torch.zeros(4, k), bias)
+        return SimpleNamespace(forward=forward)
+
+    assert leanfp8._shared([lin(2.5), lin(2.5), lin(2.5)])
+    assert not leanfp8._shared([lin(2.5), lin(2.5), lin(2.5000002)])  # one ulp apart: a different quantized input
+    assert not leanfp8._shared([lin(2.5), lin(2.5, bias=torch.zeros(4))])
+    assert not leanfp8._shared([lin(2.5), lin(2.5, k=16)])
+    assert not leanfp8._shared([lin(2.5), SimpleNamespace(forward=lambda x: x)])  # ModelOpt's own forward

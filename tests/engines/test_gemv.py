@@ -7,19 +7,13 @@ gate/up with SiLU·mul) within the one-ulp rounding of a different summation ord
 
 from __future__ import annotations
 
-import importlib.util
-import json
-import os
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 import torch
 
 from qval.engines import gemv
+from tests.engines.triton_helpers import interpreted as run_interpreted
 
-ROOT = Path(__file__).resolve().parents[2]
 
 CHECK = r'''
 import json, torch, torch.nn.functional as F
@@ -69,12 +63,7 @@ print(json.dumps(out))
 
 @pytest.fixture(scope="module")
 def interpreted() -> dict:
-    if importlib.util.find_spec("triton") is None:
-        pytest.skip("Triton is not installed")
-    env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": os.pathsep.join([str(ROOT), *sys.path])}
-    done = subprocess.run([sys.executable, "-c", CHECK], env=env, capture_output=True, text=True, timeout=300, cwd=ROOT)
-    assert done.returncode == 0, done.stderr[-2000:]
-    return json.loads(done.stdout.strip().splitlines()[-1])
+    return run_interpreted(CHECK, 300)
 
 
 def test_grouped_gives_each_weights_product_in_one_launch(interpreted):

@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from tests.engines.calibrated import build_context, calibrated_state, gate_config
+from tests.engines import triton_helpers
 
 pytestmark = pytest.mark.slow
 
@@ -58,3 +59,33 @@ def test_self_check_refuses_a_forward_that_differs(default_model, tmp_path, monk
     notes = eng.describe()["notes"]
     assert any("not bit-identical" in n and "ModelOpt's forward kept" in n for n in notes), notes
     assert not any(hasattr(m.forward, "modelopt_forward") for m in eng.model.modules())
+
+
+def test_in_the_decode_step_qkv_and_gate_up_share_one_quantized_input_and_one_launch(pair, monkeypatch):
+    """Inside the static decoder's step (fused_step.active) the FP8 candidate's q/k/v, whose input
+    scales ModelOpt calibrated on the same input, run behind one quantizer in one gemv.py launch (the
+    k and v projections' calls take its outputs), gate/up behind one with SiLU·mul; o and down one
+    launch each. gemv.py's kernels are Triton (GPU): stand-ins with F.linear's arithmetic here, so the
+    routing is what is checked, and the logits must equal the per-linear lean step's exactly."""
+    from qval.engines import fused_step, gemv, leanfp8
+
+    lean, _, _ = pair
+    model = lean.model
+    fused_step.install(model)
+    groups = sum(leanfp8.QKV in m.__dict__ for m in model.modules()), sum(leanfp8.GATE_UP in m.__dict__ for m in model.modules())
+    assert groups == (30, 30)
+    launches: list = []
+
+    grouped, gate_up_silu = triton_helpers.gemv_standins(launches)
+
+    monkeypatch.setattr(fused_step, "_call", lambda name, eager, *a: eager(*a))
+    ids = torch.tensor([[5, 17, 99, 4], [7, 7, 300, 2]])
+    with torch.no_grad(), fused_step.active():
+        want = model(input_ids=ids, use_cache=False).logits  # gemv.usable is False on a CPU: per-linear lean products
+        assert launches == []
+        monkeypatch.setattr(gemv, "usable", lambda x, ws: True)
+        monkeypatch.setattr(gemv, "grouped", grouped)
+        monkeypatch.setattr(gemv, "gate_up_silu", gate_up_silu)
+        got = model(input_ids=ids, use_cache=False).logits
+    assert launches == [(576, 192, 192), (576,), ("gate_up", 1536), (576,)] * 30  # the lm_head: not an FP8 linear
+    assert torch.equal(got, want)
