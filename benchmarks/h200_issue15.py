@@ -342,6 +342,7 @@ def main() -> None:
         step("determinism", 60, lambda: deterministic(ref))
         step("decode", 150, lambda: decode_both(ref, True))
         step("decode:profile", 40, lambda: measure.step_profile(ref, prompts, 8, SHORT, wbytes, bw["bytes_per_s"]))
+
         def candidate(engine: Any) -> dict[str, Any]:
             """The FP8 candidate's decode (batch 1 and 8 × 256, fused step) without and with gemv.py's
             products (after its lean input quantizer) and decode_kernel.py's attention."""

@@ -50,8 +50,8 @@ def _load() -> bool:
 
     @triton.jit
     def attn_piece_kernel(q_ptr, k_ptr, v_ptr, mask_ptr, o_ptr, ml_ptr, length, chunk, scale, hkv, splits,
-                     sq_b, sq_h, sk_b, sk_h, sk_l, sv_b, sv_h, sv_l, sm_b,
-                     G: tl.constexpr, GP: tl.constexpr, D: tl.constexpr, BLOCK: tl.constexpr):
+                          sq_b, sq_h, sk_b, sk_h, sk_l, sv_b, sv_h, sv_l, sm_b,
+                          G: tl.constexpr, GP: tl.constexpr, D: tl.constexpr, BLOCK: tl.constexpr):
         bh = tl.program_id(0)
         s = tl.program_id(1)
         b = bh // hkv
@@ -88,7 +88,7 @@ def _load() -> bool:
 
     @triton.jit
     def attn_combine_kernel(o_ptr, ml_ptr, out_ptr, splits, hkv, so_b, so_h,
-                       G: tl.constexpr, GP: tl.constexpr, D: tl.constexpr):
+                            G: tl.constexpr, GP: tl.constexpr, D: tl.constexpr):
         bh = tl.program_id(0)
         b = bh // hkv
         h = bh % hkv
