@@ -144,9 +144,9 @@ def attend(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mask: to
     b, hq, _, d = query.shape
     hkv = key.shape[1]
     g = hq // hkv
-    n = splits(b, hkv, length, block)
-    chunk = -(-(-(-length // n)) // block) * block  # slots per piece, a multiple of the inner step
-    n = -(-length // chunk)
+    cdiv = _kernels["cdiv"]
+    chunk = cdiv(cdiv(length, splits(b, hkv, length, block)), block) * block  # slots per piece, whole inner steps
+    n = cdiv(length, chunk)
     parts = torch.empty(b * hkv * n * GROUP_ROWS * d, dtype=torch.float32, device=query.device)
     ml = torch.empty(b * hkv * n * 2 * GROUP_ROWS, dtype=torch.float32, device=query.device)
     out = torch.empty(b, 1, hq, d, dtype=query.dtype, device=query.device)

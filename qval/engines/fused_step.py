@@ -50,7 +50,7 @@ from . import gemv
 
 use_gemv = True  # steps of ≤ 16 rows through gemv.py's kernels (benchmarks switch it off to measure without)
 _QKV = "_qval_qkv"  # on a q projection: (q, k, v), the three products of one input, for one GEMV launch
-_LEAN_GATE_UP = "_qval_lean_gate_up"  # leanfp8.GATE_UP: an FP8 gate projection's (quantizer, gate weight, up weight)
+LEAN_GATE_UP = "_qval_lean_gate_up"  # on an FP8 gate projection (leanfp8._group): (its quantizer, gate weight, up weight)
 _state = threading.local()  # .on: this thread's decode step runs the fused functions
 _compiled: dict[str, Callable[..., Any]] = {}
 _failed: dict[str, str] = {}  # name -> why its compiled form could not run (it runs eagerly since)
@@ -160,12 +160,17 @@ def _gemv(fn: Callable[..., Any], *args: Any) -> Any:
         return None
 
 
-def gemv_products(x: torch.Tensor, weights: list[torch.Tensor]) -> list[torch.Tensor] | None:
-    """`x @ w.T` for up to three weights in one gemv.py launch (a quantized linear's products after
-    its input quantizer, leanfp8.py), or None where it cannot run (the caller's `F.linear` then)."""
-    if not gemv.usable(x, weights):
+def group_product(key: torch.Tensor, x: torch.Tensor, weights: list[torch.Tensor],
+                  members: tuple[torch.nn.Module, ...] = ()) -> torch.Tensor | None:
+    """`x @ weights[0].T` in one gemv.py launch with the other weights' products, each kept for its
+    module in `members` (their own calls, with input `key`, take it: q/k/v in one launch); None
+    where the launch cannot run (the caller's own product then). `x` is `key` itself for plain
+    linears, its quantized copy for leanfp8.py's FP8 ones."""
+    if not gemv.usable(x, weights) or (outs := _gemv(gemv.grouped, x, weights)) is None:
         return None
-    return _gemv(gemv.grouped, x, weights)
+    for m, out in zip(members, outs[1:]):
+        keep(m, key, out)
+    return outs[0]
 
 
 def keep(module: torch.nn.Module, x: torch.Tensor, out: torch.Tensor) -> None:
@@ -186,7 +191,7 @@ def _mlp_forward(eager: Callable[..., Any]) -> Callable[..., Any]:
             if (_plain(g) and _plain(u) and g.weight.shape == u.weight.shape and gemv.usable(x, [g.weight, u.weight])
                     and (h := _gemv(gemv.gate_up_silu, x, g.weight, u.weight)) is not None):
                 return self.down_proj(h)  # gate, up and SiLU·mul in one kernel
-            lean = g.__dict__.get(_LEAN_GATE_UP)  # FP8 gate/up with one input scale (leanfp8.py): one quantizer, one kernel
+            lean = g.__dict__.get(LEAN_GATE_UP)  # FP8 gate/up with one input scale (leanfp8.py): one quantizer, one kernel
             if (lean is not None and gemv.usable(x, [lean[1], lean[2]])
                     and (h := _gemv(gemv.gate_up_silu, lean[0](x), lean[1], lean[2])) is not None):
                 return self.down_proj(h)
@@ -207,14 +212,12 @@ def _linear_forward(eager: Callable[..., Any]) -> Callable[..., Any]:
         if kept is not None:
             return kept
         group = self.__dict__.get(_QKV)
-        if (group is not None and all(_plain(m) for m in group) and gemv.usable(x, [m.weight for m in group])
-                and (outs := _gemv(gemv.grouped, x, [m.weight for m in group])) is not None):
-            for m, out in zip(group[1:], outs[1:]):
-                keep(m, x, out)
-            return outs[0]
-        if gemv.usable(x, [self.weight]) and (outs := _gemv(gemv.grouped, x, [self.weight])) is not None:
-            return outs[0]
-        return eager(self, x)
+        out = None
+        if group is not None and all(_plain(m) for m in group):
+            out = group_product(x, x, [m.weight for m in group], group[1:])
+        if out is None:
+            out = group_product(x, x, [self.weight])
+        return eager(self, x) if out is None else out
 
     return forward
 

@@ -171,7 +171,7 @@ _ROWS_TABLE = [
 ]
 
 
-def _rows_block(rows: int, k: int) -> tuple[int, tuple[int, ...], int, int]:
+def _rows_block(rows: int) -> tuple[int, tuple[int, ...], int, int]:
     for least, bn, bks, warps, stages in _ROWS_TABLE:
         if rows >= least:
             return bn, bks, warps, stages
@@ -184,7 +184,7 @@ def block(rows: int, k: int, m: int = 1) -> tuple[int, int, int, int] | None:
     best of its sweep per weight shape). One row: many output rows, small blocks of many rows; few
     rows, long blocks. 2 to 16 rows: see `_ROWS_TABLE`."""
     if m > 1:
-        bn, bks, warps, stages = _rows_block(rows, k)
+        bn, bks, warps, stages = _rows_block(rows)
     elif rows >= 12288:
         bn, bks, warps, stages = 16, (256, 128, 64), 4, 3
     elif rows >= 5120:

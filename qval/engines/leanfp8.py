@@ -31,7 +31,7 @@ import torch
 import torch.nn.functional as F
 
 from ..quantize.modelopt_adapter import quantizer_state
-from . import fused_step, gemv
+from . import fused_step
 
 FP8_MAX = 448.0
 
@@ -82,14 +82,10 @@ def _lean(m: torch.nn.Module, fused: Any = None) -> Any:
                 return kept
             qx = quant(x)
             group = m.__dict__.get(QKV)
-            if group is not None and gemv.usable(qx, list(group[2:])):
-                outs = fused_step.gemv_products(qx, list(group[2:]))
-                if outs is not None:
-                    fused_step.keep(group[0], x, outs[1])
-                    fused_step.keep(group[1], x, outs[2])
-                    return outs[0]
-            out = fused_step.gemv_products(qx, [weight])
-            return F.linear(qx, weight, bias) if out is None else out[0]
+            out = fused_step.group_product(x, qx, list(group[2:]), group[:2]) if group is not None else None
+            if out is None:
+                out = fused_step.group_product(x, qx, [weight])
+            return F.linear(qx, weight, bias) if out is None else out
         return F.linear(quant(x), weight, bias)
 
     forward.modelopt_forward = original  # type: ignore[attr-defined]
@@ -98,7 +94,7 @@ def _lean(m: torch.nn.Module, fused: Any = None) -> Any:
 
 
 QKV = "_qval_lean_qkv"  # on a lean q projection: (k module, v module, q, k, v weights), one scale for the three
-GATE_UP = "_qval_lean_gate_up"  # on a lean gate projection: (its quantizer, gate weight, up weight), one scale
+GATE_UP = fused_step.LEAN_GATE_UP  # on a lean gate projection: (its quantizer, gate weight, up weight), one scale
 
 
 def _shared(mods: list[Any]) -> bool:

@@ -7,12 +7,10 @@ is the same for both."""
 
 from __future__ import annotations
 
-
 import pytest
 
 from qval.engines import decode_kernel
 from tests.engines.triton_helpers import interpreted as run_interpreted
-
 
 CHECK = r'''
 import json, torch

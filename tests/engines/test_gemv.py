@@ -7,21 +7,19 @@ gate/up with SiLU·mul) within the one-ulp rounding of a different summation ord
 
 from __future__ import annotations
 
-
 import pytest
 import torch
 
 from qval.engines import gemv
 from tests.engines.triton_helpers import interpreted as run_interpreted
 
-
 CHECK = r'''
 import json, torch, torch.nn.functional as F
 from qval.engines import gemv
 assert gemv._load(), gemv.missing()
 
-def ulps(got, want):
-    spacing = torch.finfo(torch.bfloat16).eps * want.float().abs().clamp_min(1e-3)
+def ulps(got, want, dtype=torch.bfloat16):
+    spacing = torch.finfo(dtype).eps * want.float().abs().clamp_min(1e-3)
     return float(((got.float() - want.float()).abs() / spacing).max())
 
 out = {"grouped": []}
@@ -41,22 +39,18 @@ out["gate_up"] = {"shape": list(got.shape), "ulps": ulps(got, want)}
 # 2 to 16 input rows (a batch-8 decode step): the tensor-core kernels, each output contiguous. In float16:
 # Triton 3.9's interpreter multiplies bfloat16 tl.dot operands as their raw bits (seen here: products of
 # ~1e11), so the kernels' shared code is checked through float16, which it computes right
-def ulps16(got, want):
-    spacing = torch.finfo(torch.float16).eps * want.float().abs().clamp_min(1e-3)
-    return float(((got.float() - want.float()).abs() / spacing).max())
-
 out["rows"] = []
 for m, k, rows in [(8, 576, [576, 192, 192]), (3, 512, [300, 77]), (16, 256, [1000])]:
     x = torch.randn(m, 1, k, dtype=torch.float16)
     ws = [torch.randn(n, k, dtype=torch.float16) * 0.05 for n in rows]
     got = gemv.grouped(x, ws)
     out["rows"].append({"shapes": [list(o.shape) for o in got], "contiguous": all(o.is_contiguous() for o in got),
-                        "ulps": [ulps16(o, F.linear(x.double(), w.double())) for o, w in zip(got, ws)]})
+                        "ulps": [ulps(o, F.linear(x.double(), w.double()), torch.float16) for o, w in zip(got, ws)]})
 x = torch.randn(8, 1, 512, dtype=torch.float16)
 g, u = g.half(), u.half()
 want = F.silu(F.linear(x.double(), g.double()).half()) * F.linear(x.double(), u.double()).half()
 got = gemv.gate_up_silu(x, g, u)
-out["gate_up_rows"] = {"shape": list(got.shape), "ulps": ulps16(got, want)}
+out["gate_up_rows"] = {"shape": list(got.shape), "ulps": ulps(got, want, torch.float16)}
 print(json.dumps(out))
 '''
 
