@@ -25,9 +25,9 @@ class Strict(BaseModel):
 class Sized(Strict):
     """A threshold sized from the reference's own noise: ref ± Φ⁻¹(α)·sqrt(2σ²/n)."""
 
-    sized: Literal[True] = True
-    alpha: float = Field(0.05, gt=0, lt=0.5)
-    beta: float = Field(0.2, gt=0, lt=0.5)
+    sized: Literal[True] = True  # marks the limit as sized from the reference's own spread
+    alpha: float = Field(0.05, gt=0, lt=0.5)  # one-sided level: how often a candidate at the reference's level fails
+    beta: float = Field(0.2, gt=0, lt=0.5)  # 1 − power at the smallest detectable effect printed beside the check
 
 
 Threshold = Union[float, Sized, None]
@@ -75,11 +75,11 @@ def _limit(v: Any, m: Metric) -> Any:
 
 
 class AgreementGate(Strict):
-    enabled: bool = True
-    dataset: str = "calib_data/heldout_eval.jsonl"
-    tokens: int = Field(65536, gt=0)
-    ctx: int = Field(512, ge=8)
-    batch_size: int = Field(4, gt=0)
+    enabled: bool = True  # gate 1: logits agreement, teacher-forced on held-out text
+    dataset: str = "calib_data/heldout_eval.jsonl"  # held-out text, cut into disjoint chunks of ctx tokens
+    tokens: int = Field(65536, gt=0)  # tokens of text read (chunks × ctx)
+    ctx: int = Field(512, ge=8)  # chunk length, even: the second half of each chunk is scored
+    batch_size: int = Field(4, gt=0)  # chunks per forward
     min_top1: Annotated[float, Field(ge=0, le=1)] | None = None
     max_mean_kld: Annotated[float, Field(ge=0)] | None = None
     max_p99_kld: Annotated[float, Field(ge=0)] | None = None
@@ -100,13 +100,13 @@ class QualityGate(Strict):
     """Gate 2: perplexity over gate 1's scored positions (windowing "chunks") or HF-style
     sliding windows over the same text ("sliding"), and BLEU/chrF of greedy generations."""
 
-    enabled: bool = True
-    windowing: Literal["chunks", "sliding"] = "chunks"
+    enabled: bool = True  # gate 2: perplexity and BLEU/chrF
+    windowing: Literal["chunks", "sliding"] = "chunks"  # chunks: gate 1's scored positions; sliding: HF's stride convention
     stride: int | None = Field(None, gt=0)  # sliding: tokens scored per window (default ctx/2)
     max_ppl_ratio: Threshold = None  # PPL_cand / PPL_ref
-    bleu_dataset: str = "calib_data/bleu_eval.jsonl"
-    bleu_max_new_tokens: int = Field(64, gt=0)
-    batch_size: int = Field(8, gt=0)
+    bleu_dataset: str = "calib_data/bleu_eval.jsonl"  # JSONL of prompts with reference translations
+    bleu_max_new_tokens: int = Field(64, gt=0)  # greedy tokens generated per BLEU prompt
+    batch_size: int = Field(8, gt=0)  # BLEU prompts generated together
     bootstrap: int = Field(1000, ge=100)  # paired bootstrap resamples for the BLEU/chrF intervals
     max_bleu_drop: Threshold = None  # reference BLEU − candidate BLEU, per language, points
     max_chrf_drop: Threshold = None
@@ -127,14 +127,14 @@ class LongGenGate(Strict):
     """Gate 3: 2048-token greedy generation; drift of the candidate on the reference's text
     and health of the candidate's own text, each judged against the reference's."""
 
-    enabled: bool = True
-    prompts: str = "calib_data/longgen_prompts.jsonl"
-    max_prompts: int | None = Field(None, gt=0)
-    new_tokens: int = Field(2048, gt=0)
-    window: int = Field(256, gt=0)
+    enabled: bool = True  # gate 3: long generation
+    prompts: str = "calib_data/longgen_prompts.jsonl"  # JSONL of prompts both models continue greedily
+    max_prompts: int | None = Field(None, gt=0)  # the first N prompts (None: all of the file)
+    new_tokens: int = Field(2048, gt=0)  # tokens generated per prompt
+    window: int = Field(256, gt=0)  # positions per window of the per-window series
     edge: int = Field(512, gt=0)  # "early" = first `edge` positions, "late" = last `edge`
-    suppress_eos: bool = True
-    batch_size: int = Field(8, gt=0)
+    suppress_eos: bool = True  # EOS is never chosen, so every continuation runs new_tokens
+    batch_size: int = Field(8, gt=0)  # prompts decoded together
     piece: int = Field(256, gt=0)  # teacher-forced scoring goes through the KV cache this many tokens at a time
     min_late_top1: Threshold = None
     max_late_kld: Threshold = None
@@ -179,9 +179,9 @@ class DepthGate(Strict):
     the KV cache (as decoding fills it); top-1/KLD/Δp per depth bucket, every limit applied to
     every bucket, and the depth at which the candidate starts to diverge."""
 
-    enabled: bool = True
-    dataset: str = "calib_data/longctx_docs.jsonl"
-    ctx: int = Field(2048, ge=64)
+    enabled: bool = True  # gate 1 at depth
+    dataset: str = "calib_data/longctx_docs.jsonl"  # long held-out documents
+    ctx: int = Field(2048, ge=64)  # the long context: chunks of this many tokens, every position scored
     tokens: int = Field(4096, gt=0)  # tokens of text scored: chunks of ctx
     piece: int = Field(512, gt=0)  # the KV cache is filled this many tokens at a time
     #: upper edges of the depth buckets (positions in the context window); default: 512, 1024, … ctx
@@ -215,14 +215,14 @@ class RetrievalGate(Strict):
     per trial. Non-inferiority per context length and overall; a length the reference cannot
     solve is reported uninformative, never passed silently."""
 
-    enabled: bool = True
-    haystack: str = "calib_data/longctx_docs.jsonl"
+    enabled: bool = True  # the retrieval matrix
+    haystack: str = "calib_data/longctx_docs.jsonl"  # prose the haystacks are cut from
     lengths: list[int] = Field(default_factory=lambda: [512, 1024, 2048])  # prompt tokens, approximately
     depths: list[float] = Field(default_factory=lambda: [0.0, 0.25, 0.5, 0.75, 1.0])  # needle position, fraction of the haystack
     trials: int = Field(2, gt=0)  # per cell, each with its own key and haystack offset
     #: non-inferiority margins on the accuracy drop (reference − candidate, a fraction): per length, and pooled
     margin: Annotated[float, Field(gt=0, le=1)] | None = None
-    margin_overall: Annotated[float, Field(gt=0, le=1)] | None = None
+    margin_overall: Annotated[float, Field(gt=0, le=1)] | None = None  # pooled over the whole matrix
     alpha: float = Field(0.05, gt=0, lt=0.5)  # one-sided level of the drop's upper bound
     beta: float = Field(0.2, gt=0, lt=0.5)  # for the detectable drop printed beside each check
     #: a length whose reference accuracy is below this is uninformative (it cannot show a loss)
@@ -254,7 +254,7 @@ class TaskSuite(Strict):
     filters and metrics, run on both models). Each suite is gated on its own: non-inferiority of
     the drop (accuracy, or the task's per-document score)."""
 
-    builtin: Literal["cloze", "choice", "recall"] | None = None
+    builtin: Literal["cloze", "choice", "recall"] | None = None  # a built-in suite, generated from seed and size
     golden: str | None = None  # JSONL of {"id","prompt","answer","match","tolerance"} or {"id","prompt","choices","label"}
     lm_eval: str | None = Field(None, min_length=1)  # an lm-eval task name (the installed lm-eval's, or one under include_path)
     name: str | None = Field(None, pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$")  # default: the builtin's or task's name, or the file's stem
@@ -276,8 +276,8 @@ class TaskSuite(Strict):
     #: suite, the metric's own unit otherwise): its one-sided (1 − α) upper bound must not exceed it
     margin: float = Field(gt=0)
     max_flip_rate: Annotated[float, Field(gt=0, le=1)] | None = None  # met by the exact upper bound of the flip rate
-    alpha: float = Field(0.05, gt=0, lt=0.5)
-    beta: float = Field(0.2, gt=0, lt=0.5)
+    alpha: float = Field(0.05, gt=0, lt=0.5)  # one-sided level of the drop's upper bound
+    beta: float = Field(0.2, gt=0, lt=0.5)  # for the smallest detectable drop printed beside the check
     #: accuracy of guessing; None: 1/choices for multiple choice, 0.05 for open answers. A suite whose
     #: reference is not clearly above it (Wilson lower bound) is uninformative
     chance: Annotated[float, Field(ge=0, lt=1)] | None = None
@@ -311,8 +311,8 @@ class TasksGate(Strict):
     """Gate 4: both models answer the same items, each marked right or wrong; per suite, paired
     non-inferiority of the accuracy drop, McNemar's exact p, flips with exact intervals."""
 
-    enabled: bool = True
-    suites: list[TaskSuite] = Field(default_factory=list)
+    enabled: bool = True  # gate 4: answers, item by item
+    suites: list[TaskSuite] = Field(default_factory=list)  # each gated on its own
     piece: int = Field(1024, gt=0)  # teacher-forced items go through the KV cache this many tokens at a time
     batch_size: int = Field(8, gt=0)  # generated answers
 

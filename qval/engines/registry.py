@@ -29,7 +29,7 @@ class ExportOptions(BaseModel):
 
 class TensorRTLLMOptions(ExportOptions):
     free_gpu_memory_fraction: float = Field(0.7, gt=0, le=1)  # of the memory left after weights, for the KV cache
-    max_batch_size: int | None = Field(None, gt=0)
+    max_batch_size: int | None = Field(None, gt=0)  # the LLM API's max_batch_size (None: its default)
 
 
 class RealQuantOptions(BaseModel):
