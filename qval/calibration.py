@@ -5,6 +5,7 @@ and `reference`); the calibrate and diagnose stages read the same batches.
 
 from __future__ import annotations
 
+import hashlib
 from typing import Any
 
 import torch
@@ -15,15 +16,36 @@ from .errors import DataError
 from .shortfall import shortfall
 
 
+def select_windows(available: int, samples: int, sample_seed: int | None) -> list[int]:
+    """Which of the dataset's `available` windows calibrate: the first `samples` in order (no seed,
+    the default), or the `samples` windows that rank first by sha256 of "seed:index" (a draw without
+    replacement that any Python or machine repeats), in dataset order. A calibration on another
+    sample is a healthy variant of the same configuration (benchmarks/error_rates.py).
+
+    >>> select_windows(10, 4, None)
+    [0, 1, 2, 3]
+    >>> select_windows(10, 4, 1), select_windows(10, 4, 2), select_windows(3, 4, 1)
+    ([4, 6, 7, 8], [1, 2, 5, 6], [0, 1, 2])
+    """
+    n = min(samples, available)
+    if sample_seed is None:
+        return list(range(n))
+    return sorted(sorted(range(available), key=lambda i: hashlib.sha256(f"{sample_seed}:{i}".encode()).digest())[:n])
+
+
 def calibration_samples(cfg: GateConfig, tokenizer: Any) -> tuple[list[list[int]], dict[str, Any]]:
     """The calibration windows from the dataset and the tokenizer alone (qval validate runs it too)."""
     c = cfg.calibration
     ids = token_stream(read_texts(c.dataset, cfg.resolve(c.dataset)), tokenizer, tokenizer.eos_token_id)
-    samples = chunk(ids, c.seq_len, limit=c.samples)
+    windows = chunk(ids, c.seq_len, limit=c.samples if c.sample_seed is None else None)
+    picked = select_windows(len(windows), c.samples, c.sample_seed)
+    samples = [windows[i] for i in picked]
     if not samples:
         raise DataError(f"{c.dataset}: {len(ids)} tokens is less than one sample of seq_len={c.seq_len}.")
     info = {"dataset": c.dataset, "samples_requested": c.samples, "samples_used": len(samples), "seq_len": c.seq_len,
-            "dataset_tokens": len(ids)}
+            "dataset_tokens": len(ids), "sample_seed": c.sample_seed}
+    if c.sample_seed is not None:
+        info.update(windows_available=len(windows), windows=picked)
     if note := shortfall("calibration.samples", c.samples, len(samples), f"samples of {c.seq_len} tokens", cfg.max_shortfall):
         info["shortfall"] = note
     return samples, info

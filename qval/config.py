@@ -111,6 +111,8 @@ class CalibrationConfig(Strict):
     samples: int = Field(512, gt=0)
     seq_len: int = Field(512, ge=16)
     batch_size: int | Literal["auto"] = "auto"
+    #: which windows: None the first `samples` in order (qval.calibration), a number a seeded draw of them
+    sample_seed: int | None = Field(None, ge=0)
 
     @field_validator("batch_size")
     @classmethod

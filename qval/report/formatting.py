@@ -167,8 +167,16 @@ def runtime_text(r: dict[str, Any]) -> str:
 
 
 def calibration_text(cal: dict[str, Any]) -> str:
+    """'64 samples × 512 tokens from calib_data/general_mix.jsonl, …'; a seeded draw says so.
+
+    >>> calibration_text({"calibration": {"samples_used": 4, "seq_len": 8, "dataset": "d.jsonl", "sample_seed": 3,
+    ...                   "windows_available": 9}, "quantizers_enabled": 2, "calibration_seconds": 1.5})
+    '4 samples × 8 tokens from d.jsonl (drawn from its 9 windows by calibration.sample_seed 3), 2 quantizers enabled, 1.5 s.'
+    """
     c = cal.get("calibration", {})
-    return (f"{c.get('samples_used')} samples × {c.get('seq_len')} tokens from {c.get('dataset')}, "
+    drawn = "" if c.get("sample_seed") is None else (f" (drawn from its {c.get('windows_available')} windows by "
+                                                     f"calibration.sample_seed {c['sample_seed']})")
+    return (f"{c.get('samples_used')} samples × {c.get('seq_len')} tokens from {c.get('dataset')}{drawn}, "
             f"{cal.get('quantizers_enabled')} quantizers enabled, {cal.get('calibration_seconds')} s.")
 
 
