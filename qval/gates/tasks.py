@@ -34,10 +34,10 @@ from ..engines.concurrent import side_by_side
 from ..errors import ConfigError, DataError
 from ..gate_metrics import TASKS
 from ..io import atomic_write_text, file_fingerprint, tree_fingerprint
+from ..logits import all_finite, cat
 from ..metrics.estimate import normal_ppf
 from ..metrics.paired import PairedCounts, informative
 from ..progress import SILENT
-from ..snapshot import compact
 from ..snapshot.engine import NOT_IN_MEMORY, ReferenceAbsent
 from ..tasks import lmeval, lmeval_task
 from ..tasks.base import OPEN_CHANCE, SUITES, Item
@@ -69,12 +69,12 @@ def forced(engine: Any, prompt: list[int], cont: list[int], rows: int, piece: in
     ids = prompt + cont
     first = len(prompt) - 1
     parts = [x[0].float() for x in engine.logits_pieces(torch.tensor([ids]), piece)]
-    out = torch.cat(parts) if isinstance(parts[0], torch.Tensor) else compact.cat(parts)  # compact: the snapshot's reference
+    out = cat(parts)  # raw logits, or compact (the snapshot's reference, a served candidate)
     return out[first : first + rows]
 
 
 def _finite(who: str, item: Item, x: Any) -> None:
-    if not (bool(torch.isfinite(x).all()) if isinstance(x, torch.Tensor) else x.all_finite()):
+    if not all_finite(x):
         raise NonFinite(who, item)
 
 

@@ -13,11 +13,12 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from ..logits import Logits
 from .rows import _check_logits, _check_targets, _log_probs, _nan_where_not, _to_cpu64, kld_rows, position_stats  # noqa: F401  (re-exported)
 
 
 @torch.no_grad()
-def token_stats(logits_ref: Tensor, logits_cand: Tensor, targets: Tensor) -> dict[str, Tensor]:
+def token_stats(logits_ref: Logits, logits_cand: Logits, targets: Tensor) -> dict[str, Tensor]:
     """Per-position KLD(ref‖cand), top-1 agreement, target probabilities and NLLs.
 
     Returns CPU tensors of length N: "kld", "p_ref", "p_cand", "nll_ref", "nll_cand" (float64),
@@ -26,10 +27,16 @@ def token_stats(logits_ref: Tensor, logits_cand: Tensor, targets: Tensor) -> dic
     >>> s["kld"].tolist(), s["top1"].tolist(), s["p_cand"].tolist()
     ([0.0], [True], [0.5])
 
-    The reference may be given compactly (`qval.snapshot.compact.RefLogits`, from the snapshot):
+    The reference may be given compactly (`qval.logits.Compact`, from the snapshot):
     the same figures, KLD from its top k plus the sampled tail, "kld_upper" beside it, and
     "kld_exact" (this function's KLD) when its full logits were computed in this run (the audit).
+    The candidate may be given by its top K (a served engine, `qval.metrics.topk`): KLD is then an
+    estimate with "kld_lower" (a strict lower bound) and "unseen_mass" beside it.
     """
+    if not isinstance(logits_cand, torch.Tensor):  # a candidate given by its top K (a served engine)
+        from .topk import topk_stats
+
+        return topk_stats(logits_ref, logits_cand, targets)
     if not isinstance(logits_ref, torch.Tensor):
         from ..snapshot.compact import stats
 

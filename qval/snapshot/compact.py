@@ -1,6 +1,6 @@
 """The reference's next-token distributions, stored compactly, and the figures computed from them.
 
-A `RefLogits` holds, per position, what every gate needs from the reference without its
+A `Compact` holds, per position, what every gate needs from the reference without its
 [positions × vocab] logits: the log-probability of the token that actually follows in the input
 (exact: NLL, p(x), perplexity), the argmax (exact: top-1 agreement, greedy marks), the `k` largest
 log-probabilities with their token ids, and the log of the mass outside them (the tail). With
@@ -48,14 +48,13 @@ agreement that `benchmarks/snapshot_k.py` records.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields, replace
 from typing import Any
 
-import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from ..logits import Compact
 from ..metrics.rows import _check_logits, _check_targets, _log_probs, _nan_where_not, _to_cpu64, kld_rows, position_stats
 
 BOUND_TOKENS = 256  # candidate tail tokens the upper bound looks at one by one
@@ -84,85 +83,8 @@ def _tail_points(lp: Tensor, top_idx: Tensor, points: int) -> tuple[Tensor, Tens
     return log_tail, idx.to(torch.int32), lp.gather(1, idx)
 
 
-@dataclass
-class RefLogits:
-    """Compact reference logits for a [..., V] block (the leading shape is the logits' own)."""
-
-    vocab: int
-    best: Tensor  # [...] int64: the argmax
-    next_token: Tensor  # [...] int64: the input's next token at this position, −1 where none
-    next_logp: Tensor  # [...] float32: its log-probability (NaN where none)
-    finite: Tensor  # [...] bool: the row's logits were all finite
-    top_logp: Tensor | None = None  # [..., k] float32, descending
-    top_idx: Tensor | None = None  # [..., k] int32
-    log_tail: Tensor | None = None  # [...] float32: log of the mass outside the top k (−inf: none)
-    tail_idx: Tensor | None = None  # [..., P] int32: tokens standing for the tail (`_tail_points`)
-    tail_logp: Tensor | None = None  # [..., P] float32: their log-probabilities
-    full: Tensor | None = None  # [..., V] float32 log-probs: exact mode
-    #: the full logits when they were computed in this process (never stored): the audit's exact KLD
-    source: Tensor | None = None
-
-    # ---- a tensor-like view of the leading dimensions -------------------------------------
-    @property
-    def shape(self) -> torch.Size:
-        return torch.Size((*self.best.shape, self.vocab))
-
-    @property
-    def device(self) -> torch.device:
-        return self.best.device
-
-    def _map(self, fn: Any) -> "RefLogits":
-        return replace(self, **{f.name: fn(getattr(self, f.name)) for f in fields(self)
-                                if isinstance(getattr(self, f.name), Tensor)})
-
-    def __getitem__(self, index: Any) -> "RefLogits":
-        """Index the leading dimensions (the vocabulary axis is never indexed)."""
-        return self._map(lambda t: t[index])
-
-    def reshape(self, *shape: int) -> "RefLogits":
-        """`reshape(-1, V)`: all leading dimensions into one."""
-        if len(shape) != 2 or shape[1] != self.vocab:
-            raise ValueError(f"RefLogits reshape takes (-1, {self.vocab}), got {shape}")
-        lead = int(np.prod(self.best.shape))
-        return self._map(lambda t: t.reshape(lead, *t.shape[self.best.dim():]))
-
-    def float(self) -> "RefLogits":
-        return self
-
-    def to(self, device: Any) -> "RefLogits":
-        return self._map(lambda t: t.to(device))
-
-    def argmax(self, dim: int = -1) -> Tensor:
-        """The reference's argmax per position (only over the vocabulary axis)."""
-        if dim not in (-1, self.best.dim()):
-            raise ValueError("RefLogits.argmax is over the vocabulary axis only")
-        return self.best
-
-    def all_finite(self) -> bool:
-        return bool(self.finite.all())
-
-    def stored(self) -> dict[str, np.ndarray]:
-        """The arrays a snapshot file holds (no `source`)."""
-        return {f.name: getattr(self, f.name).cpu().numpy() for f in fields(self)
-                if f.name not in ("vocab", "source") and getattr(self, f.name) is not None}
-
-    @classmethod
-    def from_stored(cls, arrays: dict[str, np.ndarray], vocab: int) -> "RefLogits":
-        return cls(vocab=vocab, **{k: torch.from_numpy(np.array(v)) for k, v in arrays.items()})
-
-
-def cat(parts: list["RefLogits"], dim: int = 0) -> "RefLogits":
-    """Concatenate along a leading dimension."""
-    first = parts[0]
-    out = {f.name: torch.cat([getattr(p, f.name) for p in parts], dim=dim) for f in fields(first)
-           if isinstance(getattr(first, f.name), Tensor) and f.name != "source"}
-    src = [p.source for p in parts]
-    out["source"] = torch.cat(src, dim=dim) if all(s is not None for s in src) else None
-    return RefLogits(vocab=first.vocab, **out)
-
-
 @torch.no_grad()
-def compress(logits: Tensor, next_token: Tensor, k: int | None, keep_source: bool = False) -> RefLogits:
+def compress(logits: Tensor, next_token: Tensor, k: int | None, keep_source: bool = False) -> Compact:
     """The compact form of `logits` [..., V]; `next_token` [...] the input's next token per
     position (−1: none). Computed on the logits' device in float32; the result lives on the CPU."""
     vocab = int(logits.shape[-1])
@@ -183,7 +105,7 @@ def compress(logits: Tensor, next_token: Tensor, k: int | None, keep_source: boo
         out["log_tail"], out["tail_idx"], out["tail_logp"] = _tail_points(lp, top.indices, TAIL_POINTS)
     del lp
     shaped = {name: t.reshape(*lead, *t.shape[1:]).cpu() for name, t in out.items()}
-    return RefLogits(vocab=vocab, source=logits if keep_source else None, **shaped)
+    return Compact(vocab=vocab, source=logits if keep_source else None, **shaped)
 
 
 def _split_weight(log_pc: Tensor, log_m: Tensor) -> Tensor:
@@ -198,7 +120,7 @@ def _xlogx(x: Tensor) -> Tensor:
 
 
 @torch.no_grad()
-def kld_terms(ref: RefLogits, lp_cand: Tensor) -> tuple[Tensor, Tensor]:
+def kld_terms(ref: Compact, lp_cand: Tensor) -> tuple[Tensor, Tensor]:
     """Per row of a flat [N] ref and [N, V] candidate log-probs: (estimate, upper bound) of
     KLD(ref‖cand) as the module docstring defines them; exact (both equal) in exact mode."""
     dev = lp_cand.device
@@ -251,7 +173,7 @@ def kld_terms(ref: RefLogits, lp_cand: Tensor) -> tuple[Tensor, Tensor]:
 
 
 @torch.no_grad()
-def stats(ref: RefLogits, logits_cand: Tensor, targets: Tensor) -> dict[str, Tensor]:
+def stats(ref: Compact, logits_cand: Tensor, targets: Tensor) -> dict[str, Tensor]:
     """`metrics.tokens.token_stats` with the reference given compactly: the same keys and, for
     every key but "kld", the same numbers as from the full reference logits; plus "kld_upper"
     (the bound above). (`token_stats` adds "kld_exact" when the full reference logits are at hand.)"""
@@ -286,7 +208,7 @@ def stats(ref: RefLogits, logits_cand: Tensor, targets: Tensor) -> dict[str, Ten
     return out
 
 
-def nll(ref: RefLogits, targets: Tensor) -> Tensor:
+def nll(ref: Compact, targets: Tensor) -> Tensor:
     """−log p(target) per row (float64, CPU; NaN for a non-finite row), from a compact reference
     whose targets are the input's next tokens."""
     t = targets.reshape(-1).cpu().long()

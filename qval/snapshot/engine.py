@@ -3,7 +3,7 @@
 Each call (chunk logits, logits piece by piece through the KV cache, answer logits, greedy
 generations) is keyed by its method and arguments. A stored answer is returned as it is; a
 missing one is computed by the real reference engine, compressed (`compact.compress`) and
-stored. Logits always come back compact (`RefLogits`), whether computed now or read back, so a
+stored. Logits always come back compact (`Compact`), whether computed now or read back, so a
 figure is the same number in the run that filled the snapshot and in every later one; the gates'
 metric functions (`metrics.tokens`, the task scorers) take the compact form where they took logits.
 
@@ -26,7 +26,8 @@ import torch
 
 from ..engines.base import Engine, Generation
 from ..io import hash_json
-from .compact import TAIL_POINTS, RefLogits, compress
+from ..logits import Compact
+from .compact import TAIL_POINTS, compress
 from .store import SnapshotStore
 
 
@@ -66,7 +67,7 @@ class SnapshotReference(Engine):
         self.dependent_calls = 0
         self._dependent = 0
         #: the blocks of the latest call of each method, as they are produced (`MirrorCandidate` reads them)
-        self.live: dict[str, tuple[str, list[RefLogits]]] = {}
+        self.live: dict[str, tuple[str, list[Compact]]] = {}
         self._mirrored = False  # a MirrorCandidate reads the full logits of what is computed
 
     @contextlib.contextmanager
@@ -129,12 +130,12 @@ class SnapshotReference(Engine):
             self.forward_calls += 1
         self.compute_seconds += time.perf_counter() - t0
 
-    def _live(self, method: str, key: str, blocks: list[RefLogits]) -> list[RefLogits]:
+    def _live(self, method: str, key: str, blocks: list[Compact]) -> list[Compact]:
         if self._mirrored:  # held for the mirror only (with their full logits: never otherwise)
             self.live[method] = (key, blocks)
         return blocks
 
-    def _stored(self, key: str, rows: list[tuple[int, ...]]) -> list[RefLogits] | None:
+    def _stored(self, key: str, rows: list[tuple[int, ...]]) -> list[Compact] | None:
         """The stored blocks of a call when they have the shapes the call produces (leading
         dimensions `rows`, one vocabulary); anything else is a miss, recomputed and rewritten."""
         got = self.store.get_logits(key)
@@ -142,7 +143,7 @@ class SnapshotReference(Engine):
             return None
         return got
 
-    def logits(self, input_ids: torch.Tensor) -> RefLogits:  # type: ignore[override]
+    def logits(self, input_ids: torch.Tensor) -> Compact:  # type: ignore[override]
         key = self._key("logits", ids=_ids(input_ids))
         if (got := self._stored(key, [tuple(input_ids.shape)])) is not None:
             self._hit()
@@ -155,7 +156,7 @@ class SnapshotReference(Engine):
         self._computed(t0)
         return self._live("logits", key, [block])[0]
 
-    def logits_pieces(self, input_ids: torch.Tensor, piece: int) -> Iterator[RefLogits]:  # type: ignore[override]
+    def logits_pieces(self, input_ids: torch.Tensor, piece: int) -> Iterator[Compact]:  # type: ignore[override]
         key = self._key("logits_pieces", ids=_ids(input_ids), piece=piece)
         n, t = input_ids.shape
         if (got := self._stored(key, [(n, min(piece, t - s)) for s in range(0, t, piece)])) is not None:
@@ -165,7 +166,7 @@ class SnapshotReference(Engine):
         t0 = time.perf_counter()
         x = input_ids.cpu()
         nxt = torch.cat([x[:, 1:], torch.full((x.shape[0], 1), -1, dtype=x.dtype)], dim=1)
-        blocks: list[RefLogits] = self._live("logits_pieces", key, [])
+        blocks: list[Compact] = self._live("logits_pieces", key, [])
         start = 0
         for logits in self._engine("logits_pieces").logits_pieces(input_ids, piece):
             end = start + logits.shape[1]
@@ -178,7 +179,7 @@ class SnapshotReference(Engine):
         self.store.put_logits(key, blocks)
         self._computed(t0)
 
-    def answer_logits(self, prompt: list[int], answer: list[int]) -> RefLogits:  # type: ignore[override]
+    def answer_logits(self, prompt: list[int], answer: list[int]) -> Compact:  # type: ignore[override]
         key = self._key("answer_logits", prompt=list(prompt), answer=list(answer))
         if (got := self._stored(key, [(len(answer),)])) is not None:
             self._hit()
@@ -214,7 +215,7 @@ class SnapshotReference(Engine):
                 "bytes_written": self.store.bytes_written}
 
 
-def expand(block: RefLogits) -> torch.Tensor:
+def expand(block: Compact) -> torch.Tensor:
     """Full logits for a compact block: its own full logits when they were computed in this
     process (handed over: the block keeps none, so no audit is computed for a mirror), else
     log-probabilities rebuilt from it (top k exact, the tail spread evenly; finite)."""
@@ -248,7 +249,7 @@ class MirrorCandidate(Engine):
     def device(self) -> str:
         return self.ref.device
 
-    def _blocks(self, method: str, key: str) -> list[RefLogits] | None:
+    def _blocks(self, method: str, key: str) -> list[Compact] | None:
         live = self.ref.live.get(method)
         return live[1] if live is not None and live[0] == key else None
 

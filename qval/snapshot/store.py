@@ -24,7 +24,7 @@ import numpy as np
 
 from ..engines.base import Generation
 from ..io import atomic_write, atomic_write_json, hash_json, read_json
-from .compact import RefLogits
+from ..logits import Compact
 
 SNAPSHOT_VERSION = 1
 
@@ -54,8 +54,8 @@ class SnapshotStore:
     def _file(self, call_key: str, ext: str) -> Path:
         return self.path / "calls" / call_key[:2] / f"{call_key}.{ext}"
 
-    # ---- logits: a list of RefLogits blocks ------------------------------------------------
-    def get_logits(self, call_key: str) -> list[RefLogits] | None:
+    # ---- logits: a list of Compact blocks ------------------------------------------------
+    def get_logits(self, call_key: str) -> list[Compact] | None:
         path = self._file(call_key, "npz")
         if not path.is_file():
             return None
@@ -64,13 +64,13 @@ class SnapshotStore:
                 meta = json.loads(bytes(z["meta"]).decode("utf-8"))
                 if meta.get("key") != call_key:
                     return None
-                blocks = [RefLogits.from_stored({f: z[f"{i}.{f}"] for f in meta["fields"][i]}, meta["vocab"])
+                blocks = [Compact.from_stored({f: z[f"{i}.{f}"] for f in meta["fields"][i]}, meta["vocab"])
                           for i in range(meta["blocks"])]
         except (OSError, ValueError, KeyError, TypeError, zipfile.BadZipFile, EOFError):
             return None
         return blocks
 
-    def put_logits(self, call_key: str, blocks: list[RefLogits]) -> None:
+    def put_logits(self, call_key: str, blocks: list[Compact]) -> None:
         self.manifest()
         arrays: dict[str, np.ndarray] = {}
         names = []

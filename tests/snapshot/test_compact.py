@@ -7,7 +7,8 @@ import pytest
 import torch
 
 from qval.metrics.tokens import nll_of_targets, token_stats
-from qval.snapshot.compact import RefLogits, cat, compress, stats
+from qval.logits import Compact, cat
+from qval.snapshot.compact import compress, stats
 from qval.snapshot.engine import expand
 
 EXACT_FIELDS = ("top1", "p_ref", "p_cand", "nll_ref", "nll_cand", "finite_ref", "finite_cand")
@@ -86,7 +87,7 @@ def test_indexing_reshape_and_cat_follow_the_leading_dimensions() -> None:
 def test_stored_form_round_trips() -> None:
     ref, _, tgt = peaky(9, 200, seed=6)
     block = compress(ref, tgt, 8, keep_source=True)
-    back = RefLogits.from_stored(block.stored(), block.vocab)
+    back = Compact.from_stored(block.stored(), block.vocab)
     assert back.source is None and "source" not in block.stored()
     for name, arr in block.stored().items():
         assert torch.equal(torch.from_numpy(arr), getattr(back, name)), name

@@ -13,7 +13,7 @@ from qval.engines import concurrent
 from qval.gates import GateContext
 from qval.gates import longgen
 from qval.gates.base import candidate_dependent
-from qval.snapshot.compact import RefLogits
+from qval.logits import Compact
 from qval.snapshot.engine import MirrorCandidate, SnapshotReference
 from qval.snapshot.store import SnapshotStore
 
@@ -47,7 +47,7 @@ def test_a_second_candidate_reads_everything_back(tmp_path: Path) -> None:
     a = first.logits(x)
     pieces_a = list(first.logits_pieces(x, 4))
     gen_a = first.generate([[1, 2]], 5, suppress_eos=True, batch_size=1)
-    assert isinstance(a, RefLogits) and a.source is not None  # computed here: the audit has the full logits
+    assert isinstance(a, Compact) and a.source is not None  # computed here: the audit has the full logits
     assert (real.passes, real.generate_calls, first.forward_calls) == (2, 1, 3)
     second = snap(tmp_path, real)  # another candidate's run, another process: a fresh engine
     b = second.logits(x)

@@ -1,0 +1,110 @@
+"""Per-position statistics against a candidate known only on its top K (a served engine).
+
+A server's completions API returns, per prompt position, the log-probabilities of its top K tokens
+and of the token that actually follows; the rest of its distribution is unseen. Exact from that:
+top-1 agreement, the true token's NLL and probability (so perplexity and Δp). KLD(ref‖cand) is not:
+let A be the tokens whose probability both models give (the candidate's top K and the actual token,
+each where the reference's probability is known: everywhere for full reference logits, on its top k,
+sampled tail tokens and actual token for a snapshot), R = 1 − P_ref(A), C = 1 − P_cand(A) the mass each
+puts on the unseen tokens B. Then exactly
+
+    KLD = Σ_A p_r·log(p_r/p_c) + R·log(R/C) + R·KL(p_r|B ‖ p_c|B)
+
+with p|B the distributions conditioned on B. The first two terms are known; the third, the shape of
+the damage among unseen tokens, is not, and is ≥ 0. So
+
+- `kld_lower` = the first two terms: a strict lower bound (the log-sum inequality), at every position;
+- `kld` = `kld_lower` + R·max(KL(p_r|A ‖ p_c|A), KL over the seen half nearest the tail): the unseen
+  tokens assumed as damaged as the seen ones, or as the least likely seen ones where those are worse
+  (quantization noise grows toward the tail; on the built-in model the seen half nearest the tail
+  tracked it best). This is the figure the gates compare with their limits.
+
+No upper bound exists from top-K log-probabilities: a candidate can give any unseen token a
+probability as small as it likes. What the estimate rests on is R ("unseen_mass"), reported beside
+it; `kld − kld_lower` is the part that is assumed, not measured.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from ..logits import Compact
+from .rows import _check_targets, _log_probs, _nan_where_not, _to_cpu64, position_stats
+
+_ROWS = 256  # rows per step where a dense [rows, V] lookup of a compact reference is built
+_FLOOR = 1e-9  # the candidate's unseen mass is never taken below this (its float32 log-probs sum to ~1e-7)
+
+
+def _ref_at(ref: Tensor | Compact, ids: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """The reference's log-probabilities at `ids` [N, M] (−1: none), float64, NaN where it does not
+    give one; its argmax [N] and finiteness [N]."""
+    safe = ids.clamp(min=0).long()
+    if isinstance(ref, Tensor) or ref.full is not None:
+        lp, finite = _log_probs(ref) if isinstance(ref, Tensor) else (ref.full, ref.finite)
+        got = lp.gather(1, safe.to(lp.device)).double().cpu()
+        best = lp.argmax(dim=-1).cpu()
+        return torch.where(ids >= 0, got, torch.full_like(got, float("nan"))), best, finite.cpu()
+    known_idx = torch.cat([ref.top_idx.long(), ref.tail_idx.long(), ref.next_token.long().clamp(min=0).unsqueeze(1)], dim=1)
+    nxt_lp = torch.where(ref.next_token >= 0, ref.next_logp, torch.full_like(ref.next_logp, float("nan")))
+    known_lp = torch.cat([ref.top_logp, ref.tail_logp, nxt_lp.unsqueeze(1)], dim=1).float()
+    out = torch.empty(ids.shape, dtype=torch.float64)
+    for r0 in range(0, ids.shape[0], _ROWS):
+        rows = slice(r0, min(ids.shape[0], r0 + _ROWS))
+        dense = torch.full((rows.stop - r0, ref.vocab), float("nan"))
+        # the next token last: where it is NaN (no next token) it must not hide a top/tail value of token 0
+        dense.scatter_(1, known_idx[rows, -1:], known_lp[rows, -1:])
+        dense.scatter_(1, known_idx[rows, :-1], known_lp[rows, :-1])
+        out[rows] = dense.gather(1, safe[rows]).double()
+    return torch.where(ids >= 0, out, torch.full_like(out, float("nan"))), ref.best.cpu(), ref.finite.cpu()
+
+
+def _conditional_kld(lr: Tensor, lc: Tensor, mask: Tensor) -> Tensor:
+    """KL(p_r|S ‖ p_c|S) of the two distributions conditioned on the tokens `mask` selects, per row
+    (NaN where S is empty)."""
+    pr = torch.where(mask, lr.exp(), 0.0)
+    head = torch.where(mask, pr * (lr - lc), 0.0).sum(dim=-1)
+    mr, mc = pr.sum(dim=-1), torch.where(mask, lc.exp(), 0.0).sum(dim=-1)
+    return (head / mr + torch.log(mc / mr)).clamp(min=0.0)
+
+
+@torch.no_grad()
+def topk_stats(ref: Tensor | Compact, cand: Compact, targets: Tensor) -> dict[str, Tensor]:
+    """`token_stats` for a candidate given by its top K: the same keys ("kld" the estimate above),
+    plus "kld_lower" (strict lower bound) and "unseen_mass" (R). `ref` [N, V] logits or a compact
+    [N] block; `cand` a compact [N] block whose next tokens are `targets`."""
+    n = cand.best.shape[0]
+    if cand.best.dim() != 1 or tuple(ref.shape) != (n, cand.vocab):
+        raise ValueError(f"logits shapes differ: ref {tuple(ref.shape)} vs cand {tuple(cand.shape)}")
+    if cand.top_idx is None:
+        raise ValueError("a candidate given compactly must give its top K (a served engine's answer)")
+    targets = targets.cpu()
+    _check_targets(targets, n, cand.vocab)
+    if n and not bool((cand.next_token.cpu() == targets).all()):
+        raise ValueError("a candidate given by its top K holds the log-probability of the input's next token only; "
+                         "these targets differ from it")
+    k = cand.top_idx.shape[-1]
+    nxt = cand.next_token.cpu().long()
+    ids = torch.cat([cand.top_idx.cpu().long(), nxt.unsqueeze(1)], dim=1)  # [N, K + 1]
+    lc = torch.cat([cand.top_logp.cpu(), cand.next_logp.cpu().unsqueeze(1)], dim=1).double()
+    lr, best_ref, finite_ref = _ref_at(ref, ids)
+    # the actual token counted once: where it is among the top K, its own column stands aside
+    dup = torch.zeros_like(ids, dtype=torch.bool)
+    dup[:, k] = (cand.top_idx.cpu().long() == nxt.unsqueeze(1)).any(dim=1)
+    seen = torch.isfinite(lr) & torch.isfinite(lc) & ~dup
+    pr, pc = torch.where(seen, lr.exp(), 0.0), torch.where(seen, lc.exp(), 0.0)
+    head = torch.where(seen, pr * (lr - lc), 0.0).sum(dim=-1)
+    r = (1.0 - pr.sum(dim=-1)).clamp(min=0.0)
+    c = (1.0 - pc.sum(dim=-1)).clamp(min=_FLOOR)
+    lower = head + torch.where(r > 0, r * torch.log(r / c), torch.zeros_like(r))
+    low_half = seen.clone()
+    low_half[:, : k // 2] = False  # the candidate's top K is sorted: its less likely half, and the actual token
+    shape = torch.maximum(_conditional_kld(lr, lc, seen), _conditional_kld(lr, lc, low_half).nan_to_num(nan=0.0))
+    estimate = lower + r * shape.nan_to_num(nan=0.0)
+    finite_cand = cand.finite.cpu().bool()
+    both = finite_ref & finite_cand
+    top1 = (best_ref == cand.best.cpu()) & both
+    out = position_stats(estimate, top1, lr[:, k], cand.next_logp.cpu().double(), finite_ref, finite_cand)
+    out["kld_lower"] = _to_cpu64(_nan_where_not(lower, both))
+    out["unseen_mass"] = _to_cpu64(_nan_where_not(r, both))
+    return out
