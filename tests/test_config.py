@@ -60,12 +60,12 @@ def test_every_shipped_check_gates_answers_with_the_three_built_in_suites():
         assert clopper_pearson(0, s.size)[1] <= s.max_flip_rate < clopper_pearson(1, s.size)[1]
 
 
-def test_readme_config_example_is_a_valid_config():
+def test_config_reference_example_is_a_valid_config():
     import yaml
 
-    text = (ROOT / "README.md").read_text(encoding="utf-8")
+    text = (ROOT / "docs" / "config.md").read_text(encoding="utf-8")
     example = text.split("```yaml\n", 1)[1].split("```", 1)[0]
-    cfg = parse_config(yaml.safe_load(example), str(ROOT / "checks" / "readme-example.yaml"))
+    cfg = parse_config(yaml.safe_load(example), str(ROOT / "docs" / "config-example.yaml"))
     assert cfg.gates.quality.enabled and cfg.gates.longgen.enabled and cfg.gates.depth.enabled and cfg.gates.retrieval.enabled
 
 
