@@ -98,7 +98,7 @@ def run_diagnostics(s: "Session", calib: "Stage | None", want_sensitivity: bool)
         torch.manual_seed(s.config.seed)
         # the calibration's own batches: `batch_size: auto` decided again now would follow the free
         # memory of this moment (both models, caches), and the statistics the batches they are given
-        # (measured on the H200: 62 then 54 samples in two runs of the same gate)
+        # (two runs of one gate on a GPU differed so: benchmarks/RESULTS.md §14.2)
         calibrated = (calib.meta().get("calibration") or {}).get("batch_size")
         batches = calibration_batches(s, batch_size=calibrated)[0][: d.batches]
     scorer = _scorer(s, device) if sens is not None and sens in todo else None
