@@ -11,7 +11,9 @@ import math
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
+from .gate_metrics import TABLES, Metric
 from .metrics import Estimate
+from .metrics.thresholds import absolute_rates
 
 
 @dataclass(frozen=True)
@@ -88,6 +90,10 @@ class Check:
     reason: str
     detectable: float | None = None
     on: str = "value"
+    #: the probability that a candidate at the reference's level fails this check: α for a sized check,
+    #: the normal model of `metrics.thresholds.absolute_rates` for an absolute one; None where not stated
+    size: float | None = None
+    size_basis: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -120,10 +126,43 @@ def _fmt(x: float) -> str:
     return f"{x:.6g}"
 
 
+def row_of(gate: str, metric: str) -> Metric | None:
+    """The gate_metrics row a check's metric comes from (`drop@256`, `bleu_drop_en`, `top1@0-512` …)."""
+    table = next((t for t in TABLES if t.gate == gate), None)
+    rows = [] if table is None else [m for m in table.metrics if metric == m.key or metric.startswith((m.key + "@", m.key + "_"))]
+    return max(rows, key=lambda m: len(m.key)) if rows else None
+
+
+def reference_level(row: Metric) -> float:
+    """The figure's value for a candidate at the reference's own level: the best value a limit may
+    take (a top-1 of 1, a PPL ratio of 1, a KLD, drop, drift or excess of 0)."""
+    return row.hi if row.op == "min" and row.hi is not None else row.lo
+
+
+def stated_rates(t: Threshold, est: Estimate | None) -> tuple[float | None, float | None, str | None]:
+    """(size, detectable, basis) the check states: a sized check its α and the detectable effect it
+    was sized for; an absolute one `absolute_rates` at this candidate's noise."""
+    if t.source == "sized":
+        alpha = t.detail.get("alpha")
+        return alpha, t.detectable, (f"sized from the reference's spread at α = {alpha:g}" if alpha is not None else None)
+    row = row_of(t.gate, t.metric)
+    if est is None or row is None or not math.isfinite(est.value) or not math.isfinite(t.limit):
+        return None, t.detectable, None
+    bound = est.hi if t.on == "hi" else est.lo if t.on == "lo" else None
+    se = est.stderr
+    if se is None and est.lo is not None and est.hi is not None:
+        se = (est.hi - est.lo) / (2 * 1.959963984540054)  # an interval without a standard error: as if normal, 95 %
+    r = absolute_rates(t.op, t.limit, t.on, reference_level(row), est.value, bound, se)
+    return r.size, t.detectable if t.detectable is not None else r.detectable, r.basis
+
+
 def _check(t: Threshold, result: GateResult | None) -> Check:
+    est0 = result.measurements.get(t.metric) if result is not None and result.status == "ok" else None
+    size, detectable, basis = stated_rates(t, est0)
+
     def make(value: float | None, lo: float | None, hi: float | None, outcome: str, reason: str) -> Check:
         return Check(t.gate, t.metric, t.description, value, lo, hi, t.op, t.limit, t.source,
-                     t.min_detectable_effect, outcome, reason, t.detectable, t.on)  # type: ignore[arg-type]
+                     t.min_detectable_effect, outcome, reason, detectable, t.on, size, basis)  # type: ignore[arg-type]
 
     if result is None:
         return make(None, None, None, "fail", f"gate {t.gate} did not run, so {t.metric} was never measured")

@@ -20,6 +20,7 @@ from .diagnostics_html import diagnostics_section, fallback_section
 from .formatting import (CHECK_COLUMNS, DROP_COLUMNS, FLIP_COLUMNS, LMEVAL_COLUMNS, LMEVAL_NOTE, calibration_text, candidate_text,
                          check_rows, failed_text, interval, lmeval_rows, reference_text, right, runtime_text, snapshot_text, split_suites,
                          stage_columns, stage_rows, versions_text)
+from .error_rates import SIZE_COLUMN, SIZE_NOTE, file_text, size_cell
 from .html_parts import badge, figure, num, table
 from .numbers import fmt
 
@@ -67,8 +68,12 @@ def checks_section(r: dict[str, Any]) -> str:
     v = r.get("verdict")
     if not v:
         return ""
-    rows = [row[:6] + [badge(row[6])] + row[7:] for row in check_rows(v["checks"])]
-    return "<h2>Checks</h2>" + table(CHECK_COLUMNS, rows, [CHECK_COLUMNS.index("value")])
+    rates = r.get("error_rates")
+    rows = [row[:6] + [badge(row[6])] + row[7:] + [size_cell(c, rates)] for row, c in zip(check_rows(v["checks"]), v["checks"])]
+    out = "<h2>Checks</h2>" + table((*CHECK_COLUMNS, SIZE_COLUMN), rows, [CHECK_COLUMNS.index("value")])
+    if rates is not None:  # reports written before the error rates were stated have none
+        out += f'<p class="note">{escape(SIZE_NOTE)} {escape(file_text(rates))}</p>'
+    return out
 
 
 def _measurements(g: dict[str, Any]) -> str:

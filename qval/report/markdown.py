@@ -9,6 +9,7 @@ from .formatting import (CHECK_COLUMNS, DROP_COLUMNS, FLIP_COLUMNS, LMEVAL_COLUM
                          calibration_text, candidate_text, check_rows, estimate, failed_text, interval, kld_bound_text,
                          lmeval_rows, numerics_line, reference_text, right, runtime_text, snapshot_text, split_suites,
                          stage_columns, stage_rows, versions_text)
+from .error_rates import SIZE_COLUMN, SIZE_NOTE, file_text, size_cell
 from .numbers import fmt
 
 
@@ -20,11 +21,11 @@ def table(headers: tuple[str, ...] | list[str], rows: list[list[Any]]) -> list[s
 
 #: how report.md marks a check's outcome (formatting.outcome)
 MARKS = {"pass": "PASS", "fail": "**FAIL**", "uninformative": "uninformative"}
-CHECK_SHOWN = ("gate", "metric", "value", "95% interval", "threshold", "outcome")
+CHECK_SHOWN = ("gate", "metric", "value", "95% interval", "threshold", "outcome", SIZE_COLUMN)
 
 
-def checks_table(checks: list[dict[str, Any]]) -> list[str]:
-    rows = [dict(zip(CHECK_COLUMNS, row)) for row in check_rows(checks)]
+def checks_table(checks: list[dict[str, Any]], rates: dict[str, Any] | None = None) -> list[str]:
+    rows = [dict(zip(CHECK_COLUMNS, row), **{SIZE_COLUMN: size_cell(c, rates)}) for row, c in zip(check_rows(checks), checks)]
     return table(CHECK_SHOWN, [[fmt(r[k]) if k != "outcome" else MARKS[r[k]] for k in CHECK_SHOWN] for r in rows])
 
 
@@ -251,7 +252,9 @@ def render_markdown(r: dict[str, Any]) -> str:
         out.append(f"- Note: {note}")
     for note in cand["engine"].get("notes", []):  # what the candidate's engine really ran (e.g. emulated GEMMs)
         out.append(f"- Engine: {note}")
-    out += ["", "## Checks", "", *checks_table(v["checks"]), ""]
+    out += ["", "## Checks", "", *checks_table(v["checks"], r.get("error_rates")), ""]
+    if "error_rates" in r:  # reports written before the error rates were stated have no such section
+        out += [SIZE_NOTE, file_text(r["error_rates"]), ""]
     fails = [c for c in v["checks"] if c["outcome"] == "fail"]
     if fails:
         out += ["Why it was rejected:", ""] + [f"- {c['gate']}: {c['reason']}" for c in fails] + [""]

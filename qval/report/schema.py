@@ -13,6 +13,7 @@ from ..gates import GATES
 from ..io import hash_json
 from ..quantize.formats import FORMATS
 from ..verdict import GateResult, Verdict
+from .error_rates import for_report
 
 SCHEMA, SCHEMA_VERSION = "qval.report", 1
 DIAGNOSTICS_SCHEMA, DIAGNOSTICS_SCHEMA_VERSION = "qval.diagnostics", 1
@@ -76,7 +77,8 @@ def build_report(cfg: GateConfig, verdict: Verdict, results: dict[str, GateResul
         "created": now(),
         "name": cfg.name,
         "description": cfg.description,
-        "verdict": verdict.to_dict(),
+        "verdict": (v := verdict.to_dict()),
+        "error_rates": for_report(cfg.name, v["checks"]),
         "config": config,
         "config_hash": hash_json(config),
         "config_file": cfg.source_file,

@@ -1,0 +1,85 @@
+"""The verdict's own error rates in the report (issue 29): what each check promises (`Check.size`,
+`Check.detectable`: qval/verdict.py) and what was measured of the shipped check files over healthy
+variants (`benchmarks/error_rates.py`; its tables and commands in benchmarks/RESULTS.md).
+
+`MEASURED` holds the measured false rejects, keyed by the config's `name` (a shipped check file's
+stem) and by check (`gate/metric`), each with the limit it was measured at: a report shows a
+measured rate only for a check whose limit is the one measured (a sized check: the same α), and
+the whole check file's rate only when every check matches. Update it from error_rates.json, with
+its source, when a measurement is rerun.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .numbers import fmt
+
+#: config name -> {"source", "variants", "rejected", "checks": {"gate/metric": {"limit" or "alpha", "failed"}}}
+MEASURED: dict[str, dict[str, Any]] = {}
+
+SIZE_COLUMN = "fails at the reference's level"
+SIZE_NOTE = ("Size: the probability that a candidate at the reference's own level (top-1 1, KLD, drop or excess 0, "
+             "PPL ratio 1) fails the check: α for a check sized from the reference's spread; for an absolute limit, a "
+             "normal model of the figure at this candidate's standard error (qval/metrics/thresholds.py). "
+             "\"detects\": the figure's value rejected with probability 0.8 (power 1 − β).")
+
+
+def _matches(c: dict[str, Any], m: dict[str, Any]) -> bool:
+    if c.get("source") == "sized":
+        return m.get("alpha") is not None and c.get("size") == m["alpha"]
+    return m.get("limit") is not None and c.get("limit") == m["limit"]
+
+
+def for_report(name: str, checks: list[dict[str, Any]]) -> dict[str, Any]:
+    """report.json's `error_rates`: the measured rates that apply to this run's checks.
+
+    >>> MEASURED["x"] = {"source": "S", "variants": 20, "rejected": 1, "checks": {"g/a": {"limit": 0.5, "failed": 1}}}
+    >>> for_report("x", [{"gate": "g", "metric": "a", "limit": 0.5, "source": "absolute"}])["file"]
+    {'variants': 20, 'rejected': 1, 'source': 'S'}
+    >>> for_report("x", [{"gate": "g", "metric": "a", "limit": 0.4, "source": "absolute"}])
+    {'measured': True, 'source': 'S', 'checks': {}, 'file': None, 'why_not': 'measured at other limits: g/a'}
+    >>> del MEASURED["x"]
+    """
+    m = MEASURED.get(name)
+    if not m:
+        return {"measured": False}
+    out: dict[str, Any] = {"measured": True, "source": m["source"], "checks": {}, "file": None}
+    differ = []
+    for c in checks:
+        key = f"{c['gate']}/{c['metric']}"
+        mc = m["checks"].get(key)
+        if mc is not None and _matches(c, mc):
+            out["checks"][key] = {"failed": mc["failed"], "variants": m["variants"]}
+        else:
+            differ.append(key)
+    if differ:
+        out["why_not"] = f"measured at other limits: {', '.join(differ)}"
+    else:
+        out["file"] = {"variants": m["variants"], "rejected": m["rejected"], "source": m["source"]}
+    return out
+
+
+def size_cell(c: dict[str, Any], rates: dict[str, Any] | None) -> str:
+    """A check's size (its stated false-reject rate) and, where measured, its measured one.
+
+    >>> size_cell({"gate": "g", "metric": "a", "size": 0.005, "source": "sized"}, None)
+    '≤ 0.005 (α)'
+    >>> size_cell({"gate": "g", "metric": "a", "size": 0.32, "source": "absolute"}, {"checks": {"g/a": {"failed": 2, "variants": 25}}})
+    '0.32; measured 2/25'
+    """
+    size = c.get("size")
+    text = "–" if size is None else (f"≤ {fmt(size)} (α)" if c.get("source") == "sized" else ("< 1e-6" if size < 1e-6 else fmt(size, 2)))
+    measured = ((rates or {}).get("checks") or {}).get(f"{c['gate']}/{c['metric']}")
+    return text + (f"; measured {measured['failed']}/{measured['variants']}" if measured else "")
+
+
+def file_text(rates: dict[str, Any] | None) -> str:
+    """The whole check file's measured false-reject rate, in one line."""
+    if not rates or not rates.get("measured"):
+        return "Whole check file: its false-reject rate over healthy variants was not measured for this configuration."
+    f = rates.get("file")
+    if not f:
+        return f"Whole check file: measured for a configuration of this name, not at these limits ({rates.get('why_not')})."
+    return (f"Whole check file: {f['rejected']} of {f['variants']} healthy variants (other calibration samples) were "
+            f"rejected ({f['source']}).")
