@@ -65,22 +65,25 @@ def _disk_full(err: BaseException, folder: Path) -> bool:
         return False
 
 
-def disk_full_message(path: Path, written: int, needed: int | None) -> str:
-    """What was being written, how much of it, how much room there is, and what to do."""
+def disk_full_message(path: Path, written: int, needed: int | None, what: str | None = None) -> str:
+    """What was being written, how much of it, how much room there is, and what to do. `what`
+    names the file (default: the file of a stage, whose folder is the stage's)."""
     path = Path(path)
+    what = what or f"{path.name} (stage {path.parent.name})"
     try:
         free = shutil.disk_usage(path.parent).free
     except OSError:
         free = 0
     size = f"{_size(written)} written of about {_size(needed)} needed" if needed else f"{_size(written)} written before the disk filled"
-    return (f"{path}: no space left on the device while writing {path.name} (stage {path.parent.name}): {size}, "
+    return (f"{path}: no space left on the device while writing {what}: {size}, "
             f"{_size(free)} free in {path.parent}. Free some space or point --out (or report.dir) at a disk with room; "
-            f"finished stages are kept and the next run resumes from them.")
+            f"finished stages are kept (reference snapshot entries too) and the next run resumes from them.")
 
 
-def atomic_write(path: Path, writer: Callable[[Path], None], needed: int | None = None) -> None:
+def atomic_write(path: Path, writer: Callable[[Path], None], needed: int | None = None, what: str | None = None) -> None:
     """Call `writer(tmp_path)` then rename tmp onto `path` (same folder, so the rename is atomic).
-    `needed`: the bytes the file will take, when known, for the disk-full message."""
+    `needed`: the bytes the file will take, when known, and `what`: what the file is (default: a
+    stage's file), for the disk-full message."""
     path = Path(path)
     tmp: Path | None = None
     try:
@@ -97,13 +100,13 @@ def atomic_write(path: Path, writer: Callable[[Path], None], needed: int | None 
         if tmp is not None:
             tmp.unlink(missing_ok=True)
         if full:
-            raise StorageError(disk_full_message(path, written, needed)) from None
+            raise StorageError(disk_full_message(path, written, needed, what)) from None
         raise
 
 
-def atomic_write_text(path: Path, text: str) -> None:
+def atomic_write_text(path: Path, text: str, what: str | None = None) -> None:
     blob = text.encode("utf-8")
-    atomic_write(path, lambda p: p.write_bytes(blob), needed=len(blob))
+    atomic_write(path, lambda p: p.write_bytes(blob), needed=len(blob), what=what)
 
 
 def read_text_utf8(path: Path, error: type[QvalError] = QvalError) -> str:
@@ -147,8 +150,8 @@ def to_jsonable(obj: Any) -> Any:
     return clean_floats(json.loads(json.dumps(obj, default=_json_default, allow_nan=True)))
 
 
-def atomic_write_json(path: Path, obj: Any) -> None:
-    atomic_write_text(path, json.dumps(to_jsonable(obj), indent=2, ensure_ascii=False) + "\n")
+def atomic_write_json(path: Path, obj: Any, what: str | None = None) -> None:
+    atomic_write_text(path, json.dumps(to_jsonable(obj), indent=2, ensure_ascii=False) + "\n", what)
 
 
 def read_json(path: Path) -> Any:
