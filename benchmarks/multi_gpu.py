@@ -1,12 +1,12 @@
-"""Issue 14 on a machine with several GPUs: the reference spread over them (model.placement) and
-the per-GPU parallel sweep.
+"""Several GPUs: the reference spread over them (model.placement) against one GPU, and the per-GPU
+parallel sweep against the same sweep in turn.
 
     python benchmarks/multi_gpu.py --tokenizer .tok --out $OUT
 
-(with benchmarks/nojit.py's patch in a sitecustomize on PYTHONPATH, so the sweep's worker
-processes skip ModelOpt's CUDA-extension build too: benchmarks/multi_gpu.sh)
+(`bash benchmarks/device.sh multi_gpu` runs it with lib/nojit.py's switch in a sitecustomize on
+PYTHONPATH, so the sweep's worker processes skip ModelOpt's CUDA-extension build too)
 
-1. A random-weight 8B layout (benchmarks/shapes.py, seed 0) saved as a safetensors folder, then
+1. A random-weight 8B layout (benchmarks/lib/shapes.py, seed 0) saved as a safetensors folder, then
    gated twice at small budgets (gate 1, gate 3, gate 1 at depth; diagnostics off): on one GPU
    (placement single) and spread over every visible GPU (placement spread, accelerate
    device_map). Records where the layers went, the peak memory of each GPU, and whether the two
@@ -51,16 +51,18 @@ def figures(report: dict) -> dict:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser()
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--tokenizer", required=True)
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
     import torch
     from transformers import AutoTokenizer
 
-    import shapes
+    from lib import shapes
     from qval import pipeline
     from qval.config import parse_config
+    from qval.memory import free_memory
+    from qval.models import load_model
     from qval.progress import Progress
 
     out: dict = {"gpus": [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]}
@@ -73,7 +75,7 @@ def main() -> None:
     loaded.model.save_pretrained(folder)
     out["saved_s"] = round(time.perf_counter() - t0, 1)
     del loaded
-    pipeline.free_memory()
+    free_memory()
     runs = {}
     for placement in ("single", "spread"):
         try:
@@ -81,26 +83,18 @@ def main() -> None:
                 torch.cuda.reset_peak_memory_stats(i)
             cfg = parse_config(config(f"place-{placement}", folder, work / f"reports-{placement}", placement), f"<{placement}>")
             t1 = time.perf_counter()
-            caught = {}
-            real_load = pipeline.load_model
-
-            def load(c, caught=caught):  # noqa: ANN001, ANN202 - keep where accelerate put the layers
-                m = real_load(c)
-                caught["device_map"] = sorted(set(map(str, getattr(m.model, "hf_device_map", {}).values())))
-                return m
-
-            pipeline.load_model = load
-            r = pipeline.run_gate(cfg, Progress(False))
-            pipeline.load_model = real_load
+            reference = load_model(cfg.model)  # loaded here so that where accelerate put the layers can be read
+            devices_used = sorted(set(map(str, getattr(reference.model, "hf_device_map", {}).values())))
+            r = pipeline.run_gate(cfg, Progress(False), reference=reference)
+            del reference
             runs[placement] = {"seconds": round(time.perf_counter() - t1, 1), "decision": r.report["verdict"]["decision"],
-                               "devices_used": caught.get("device_map"), "notes": r.report["model"].get("notes"),
+                               "devices_used": devices_used, "notes": r.report["model"].get("notes"),
                                "peak_gb_per_gpu": [round(torch.cuda.max_memory_allocated(i) / 1e9, 1)
                                                    for i in range(torch.cuda.device_count())],
                                "figures": figures(r.report)}
             del r
-            pipeline.free_memory()
+            free_memory()
         except Exception as err:  # noqa: BLE001 - keep the other measurements
-            pipeline.load_model = real_load
             runs[placement] = {"error": f"{type(err).__name__}: {err}"}
         out["placement"] = runs
         path.write_text(json.dumps(out, indent=1, default=str))

@@ -1,4 +1,4 @@
-"""qval vs lm-evaluation-harness: the same perplexity, the same windows, one process.
+"""Peer: qval against lm-evaluation-harness — the same perplexity, the same windows, one process.
 
 lm-eval's `HFLM.loglikelihood_rolling` cuts each document into disjoint windows of
 `max_length` predicted tokens, each window's input starting with the token before it (the
@@ -11,8 +11,11 @@ token ids (taken from lm-eval's own `tok_encode`), so the figures must agree to 
 
 Both tools also time against the bare forward passes of the same windows at the same batch
 size: the ratio a tool can reach over another is bounded by how much of its time is the model.
+With `--candidate`, qval's gate-1 pass too (reference and FP8 candidate, KLD/top-1/NLL in the same
+pass) against both models' bare forwards.
 
-    python3 benchmarks/peer_lmeval.py --max-tokens 8192 --window 512 --batch 4 --out DIR
+    python3 benchmarks/peer.py --max-tokens 8192 --window 512 --batch 4 --out DIR                 # the built-in model, CPU
+    python3 benchmarks/peer.py --shape 8b --tokenizer .tok --candidate --max-tokens 32768 --window 1024 --batch 8 --out DIR   # a GPU
 """
 
 from __future__ import annotations
@@ -192,14 +195,26 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--batch", type=int, default=4)
     ap.add_argument("--reps", type=int, default=2)
     ap.add_argument("--out", default="peer_out")
+    ap.add_argument("--shape", default="real", help="real: the built-in model (default); 8b, 1b: a random-weight layout (a GPU)")
+    ap.add_argument("--tokenizer", help="tokenizer folder for a random layout (default: the built-in model's)")
+    ap.add_argument("--candidate", action="store_true", help="also qval's gate-1 pass with an FP8 fake-quant candidate")
     args = ap.parse_args(argv)
 
-    from qval.config import ModelConfig
-    from qval.models import load_model
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    from lib import setup
 
-    loaded = load_model(ModelConfig())
+    import qval.pipeline  # noqa: F401  (import order, as the other scripts)
+
+    dev, work = setup.device(), Path(args.out) / "work"
+    tok = setup.load_tokenizer(args.tokenizer) if args.shape != "real" else None
+    loaded, spec = setup.load_shape(args.shape, tok, dev, work)
+    cand = None
+    if args.candidate:
+        plan = setup.FULL
+        data = setup.bench_data(plan, loaded.tokenizer, work, 2048)
+        cand = setup.calibrate_and_build(loaded, setup.gate_config("peer", spec, data, work / "reports", plan)).candidate
     out = compare(loaded.model, loaded.tokenizer, name=loaded.name, dtype=loaded.compute_dtype, dataset=Path(args.dataset),
-                  max_tokens=args.max_tokens, window=args.window, batch=args.batch, reps=args.reps)
+                  max_tokens=args.max_tokens, window=args.window, batch=args.batch, reps=args.reps, candidate=cand)
     Path(args.out).mkdir(parents=True, exist_ok=True)
     from qval.io import atomic_write_json
 

@@ -1,15 +1,17 @@
-"""How far are realquant's outputs from fakequant's? Run on the GPU (H200) by the lead.
+"""realquant against fakequant: how far the deployed kernels' outputs are from the simulated ones, and
+each from the reference.
 
-    python benchmarks/realquant_vs_fakequant.py --format fp8 --tokens 32768 --out benchmarks/realquant_fp8.json
+    python3 benchmarks/lib/nojit.py benchmarks/realquant.py --format fp8 --tokens 32768 --out DIR/realquant_fp8.json   # a GPU
 
-Both candidates are built from one calibration of the default model (the calibrate stage of
-`qval`, cached under --work): `fakequant` (ModelOpt simulated quantization, weights folded) and
-`realquant` (mtq.compress: FP8 weights in float8_e4m3fn; on Hopper, FP8 GEMMs through
-torch._scaled_mm). Both score the same held-out chunks teacher-forced (gate 1's convention:
-ctx-token chunks, second half scored); per scored position the script records top-1 agreement
-and KLD(fakequant ‖ realquant), and each model's KLD against the reference. It also times one
-forward of each and prints which GEMM every quantized linear ran, so a fallback to emulation
-cannot pass for a real FP8 result. The JSON holds every figure with its standard error.
+Both candidates are built from one calibration of the built-in model (qval's calibrate stage, cached
+under --work): `fakequant` (ModelOpt simulated quantization, weights folded) and `realquant`
+(mtq.compress: FP8 weights in float8_e4m3fn; on Hopper, FP8 GEMMs through torch._scaled_mm). Both
+score the same held-out chunks teacher-forced (gate 1's convention: ctx-token chunks, second half
+scored); per scored position: top-1 agreement and KLD(fakequant ‖ realquant), and each model's KLD
+against the reference. It also times one pass of each and writes each engine's description (which
+GEMM every quantized linear ran), so a fallback to emulation cannot pass for a real FP8 result. The
+JSON holds every figure with its standard error. (`qval gate` with `engine: {backend: realquant}` is
+the gate itself on the same model.)
 """
 
 from __future__ import annotations
@@ -35,25 +37,24 @@ def estimate(x: np.ndarray) -> dict[str, float]:
 
 def build_pair(cfg_data: dict, work: str) -> tuple:
     """One calibration of `cfg_data` (the calibrate stage, cached under `work`) and the two
-    candidates built from it: (session, reference, {"fakequant": engine, "realquant": engine})."""
+    candidates built from it by qval's pipeline: (reference, {"fakequant": engine, "realquant": engine})."""
+    from qval import pipeline
     from qval.config import parse_config
-    from qval.engines import ENGINES, BuildContext
-    from qval.pipeline import Session, calibrate
+    from qval.models import load_model
     from qval.progress import Progress
     from qval.stages import RunDir
 
-    s = Session(config=parse_config(cfg_data, "<benchmark>"), run=RunDir(Path(work), cfg_data["name"]), progress=Progress())
-    stage = calibrate(s)
-    ref = s.reference
+    ref = load_model(parse_config(cfg_data, "<benchmark>").model)
     built = {}
     for backend in ("fakequant", "realquant"):
         cfg = parse_config({**cfg_data, "engine": {"backend": backend}}, "<benchmark>")
-        built[backend] = ENGINES.get(backend)(BuildContext(cfg, ref, stage.path / "quant_state.pt", s.run.path))
-    return s, ref, built
+        s = pipeline.Session(config=cfg, run=RunDir(Path(work), cfg_data["name"]), progress=Progress(), loader=lambda: ref)
+        built[backend] = pipeline.build(s, pipeline.calibrate(s))
+    return ref, built
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--format", default="fp8", choices=["fp8", "int8_sq", "int4_awq", "w4a8_awq", "nvfp4"])
     ap.add_argument("--tokens", type=int, default=32768)
     ap.add_argument("--ctx", type=int, default=512)
@@ -70,7 +71,7 @@ def main() -> None:
                 "quant": {"format": args.format, "kv_cache": "fp16"} | ({"awq_block_size": 64} if "awq" in args.format else {}),
                 "calibration": {"dataset": str(root / "calib_data/general_mix.jsonl"), "samples": args.samples, "seq_len": 512},
                 "gates": {"agreement": {"enabled": False}}, "diagnostics": {"enabled": False}}
-    _, ref, built = build_pair(cfg_data, args.work)
+    ref, built = build_pair(cfg_data, args.work)
 
     ds = load_dataset(str(root / "calib_data/heldout_eval.jsonl"))
     ids = token_stream(ds.texts(), ref.tokenizer, ref.tokenizer.eos_token_id)

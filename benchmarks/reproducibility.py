@@ -1,27 +1,33 @@
-"""GPU: are greedy generations reproducible run to run, and what makes them so (issue 12, part 7)?
+"""Reproducibility: does the same gate give the same figures run to run on a GPU, and where and why
+would two identical greedy decodes part?
 
-One process of the experiment: the 8B Llama layout with random weights (bf16, CUDA), the
-long-generation prompts (8, chat template, left-padded in one batch of 8), greedy, EOS
-suppressed, `--tokens` new tokens, through qval's own engines:
+`gate`: one run of the 8B-shaped FP8 gate into a fresh folder (the same gate as `end_to_end.py`'s
+`e2e`: the 8B Llama layout with random weights, seed 0, bf16, CUDA; an FP8 fake-quant candidate from
+512 × 512 calibration tokens; gates 1–3 at their default budgets; the reference's generations computed
+in the run; diagnostics on; thresholds loose), qval's deterministic mode configured first, before CUDA
+starts (`QVAL_DETERMINISTIC=0` runs without it). Run it in two processes and compare the reports:
 
-- the reference on the static path (CUDA graph) twice with one decoder, once with a fresh engine,
-  once without the graph (eager static steps);
-- with `--candidate`, an FP8 fake-quant candidate (qval's calibrate + build, small calibration)
-  on the static path twice;
-- the reference's prefill logits, kept for the comparison between processes;
-- with `--kernels`, each kernel kind of a decode step run repeatedly on the same inputs
-  (SDPA backends at the prefill and decode shapes, the decode's matmuls), distinct results counted;
-- with `--profile`, the kernels of one eager prefill and decode step, by name.
+    python3 benchmarks/reproducibility.py gate --tokenizer .tok --work /tmp/g1 --report OUT/run1.json
+    python3 benchmarks/reproducibility.py gate --tokenizer .tok --work /tmp/g2 --report OUT/run2.json
+    python3 benchmarks/compare_reports.py OUT/run1.json OUT/run2.json
 
-`--det off|cublas|full` sets the process's numerics before CUDA starts (qval.determinism:
-`cublas` = CUBLAS_WORKSPACE_CONFIG only, `full` = everything qval sets). Run it in several
-processes, then `--compare DIR...` writes what agrees:
+`probe`: one process of the decode experiment: the 8B layout, the long-generation prompts (8, chat
+template, left-padded in one batch of 8), greedy, EOS suppressed, `--tokens` new tokens, through qval's
+own engines — the reference on the static path (CUDA graph) twice with one engine, once with a fresh
+engine, once without the graph; with `--candidate`, an FP8 fake-quant candidate twice; the reference's
+prefill logits, kept for the comparison between processes; with `--kernels`, each kernel kind of a
+decode step run repeatedly on the same inputs (SDPA backends at the prefill and decode shapes, the
+decode's matmuls), distinct results counted; with `--profile`, the kernels of one eager prefill and
+decode step; with `--localise N`, two hooked eager decodes of N tokens and the first module whose output
+differs while its input is the same; with `--fixes`, each candidate setting applied process-wide and
+three decodes each. `--det off|cublas|full` sets the process's numerics before CUDA starts
+(`cublas` = CUBLAS_WORKSPACE_CONFIG only, `full` = everything qval sets). Then `compare` writes what agrees:
 
-    python3 benchmarks/repro_probe.py --tag a --det off --out OUT --tokenizer .tok --candidate --kernels
-    python3 benchmarks/repro_probe.py --tag b --det off --out OUT --tokenizer .tok --candidate
-    python3 benchmarks/repro_probe.py --compare OUT/a.json OUT/b.json      # writes OUT/compare.json
+    python3 benchmarks/reproducibility.py probe --tag a --det off --out OUT --tokenizer .tok --candidate --kernels
+    python3 benchmarks/reproducibility.py probe --tag b --det off --out OUT --tokenizer .tok --candidate
+    python3 benchmarks/reproducibility.py compare OUT/a.json OUT/b.json      # writes OUT/compare.json
 
-`--shape smoke` runs the script's logic on a CPU (plain path, toy model).
+`--smoke` (gate) and `--shape smoke` (probe) run the scripts' logic on a CPU (toy model).
 """
 
 from __future__ import annotations
@@ -36,8 +42,7 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "benchmarks"))
-sys.path.insert(0, str(ROOT))
+sys.path[:0] = [str(ROOT), str(ROOT / "benchmarks")]
 
 
 def set_numerics(level: str) -> None:
@@ -252,8 +257,7 @@ def probe(args: argparse.Namespace) -> dict[str, Any]:
 
         for getter in (extensions.get_cuda_ext, extensions.get_cuda_ext_fp8, extensions.get_cuda_ext_mx):
             getter.extension = None
-    import bench
-    import shapes
+    from lib import setup, shapes
 
     from qval import determinism
     from qval.engines.hf import HFEngine, left_pad
@@ -264,9 +268,9 @@ def probe(args: argparse.Namespace) -> dict[str, Any]:
     device = "cuda" if torch.cuda.is_available() else "cpu"
     sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
     res: dict[str, Any] = {"tag": args.tag, "det": args.det, "determinism": determinism.describe(),
-                           "cublas_env": os.environ.get("CUBLAS_WORKSPACE_CONFIG"), "env": bench.environment(), "runs": {},
+                           "cublas_env": os.environ.get("CUBLAS_WORKSPACE_CONFIG"), "env": setup.environment(), "runs": {},
                            "seconds": {}}
-    tok = bench.load_bench_tokenizer(argparse.Namespace(tokenizer=args.tokenizer, gguf=None))
+    tok = setup.load_tokenizer(args.tokenizer)
     work = Path(args.work)
     loaded = shapes.random_llama(args.shape, tok, device, torch.bfloat16, work / f"model_{args.shape}")
     records = [json.loads(line) for line in (ROOT / "calib_data/longgen_prompts.jsonl").read_text(encoding="utf-8").splitlines()
@@ -295,9 +299,10 @@ def probe(args: argparse.Namespace) -> dict[str, Any]:
         sync()
         res["seconds"][name] = round(time.perf_counter() - t0, 3)
         res["runs"][name] = g.tokens
-        dec = getattr(engine, "_decoder", None)
-        if dec is not None and dec.graph_error:
-            res.setdefault("graph_errors", {})[name] = dec.graph_error
+        if engine.decode_path() == "static":  # the decoder that generation used (the engine keeps it)
+            dec = engine.static_decoder(args.batch, max(len(p) for p in prompts) + args.tokens + 1, args.tokens, engine.eos_ids(), True)
+            if dec.graph_error:
+                res.setdefault("graph_errors", {})[name] = dec.graph_error
         print(f"[probe {args.tag}] {name}: {res['seconds'][name]} s", flush=True)
 
     if args.kernels and device == "cuda":
@@ -325,11 +330,10 @@ def probe(args: argparse.Namespace) -> dict[str, Any]:
     if args.candidate and left() > 60:
         data = {"calib": ROOT / "calib_data/general_mix.jsonl", "heldout": ROOT / "calib_data/heldout_eval.jsonl"}
         spec = {"source": "path", "path": str(work / f"model_{args.shape}"), "dtype": "bfloat16"}
-        cfg = bench.gate_config("probe", spec, data, work / "reports", {"calib": (16, 512), "gate": {}})
+        cfg = setup.gate_config("probe", spec, data, work / "reports", {"calib": (16, 512), "gate": {}})
         t0 = time.perf_counter()
-        _, session = bench.calibrate_and_build(loaded, cfg)
+        cand = setup.calibrate_and_build(loaded, cfg).candidate
         res["seconds"]["candidate_build"] = round(time.perf_counter() - t0, 2)
-        cand = session._candidate
         res["candidate"] = cand.describe()
         gen("cand_static_a", cand)
         gen("cand_static_b", cand)
@@ -377,31 +381,76 @@ def compare(files: list[Path]) -> dict[str, Any]:
     return out
 
 
-def main() -> int:
+def gate(args: argparse.Namespace) -> int:
+    """One run of the gate into a fresh folder; its report.json copied to --report."""
+    import shutil
+
+    t_start = time.perf_counter()
+    import torch
+
+    from qval import determinism
+
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    determinism.configure(device)  # before any CUDA work: the cuBLAS workspace is fixed when its handle is made
+
+    from lib import setup
+
+    plan = setup.SMOKE if args.smoke else setup.FULL
+    shape = "smoke" if args.smoke else "8b"
+    work = Path(args.work)
+    if work.exists():
+        shutil.rmtree(work)
+    tok = setup.load_tokenizer(args.tokenizer)
+    data = setup.bench_data(plan, tok, work, plan["gate"].get("agreement", {}).get("tokens", 65536))
+    loaded, spec = setup.load_shape(shape, tok, device, work)
+    cfg = setup.gate_config(f"bench-{shape}-e2e", spec, data, work / "reports", plan, diagnostics="on")
+    if device == "cuda":
+        jit = setup.prebuild_fp8_kernel()
+        print(f"[gate] FP8 kernel ready in {jit['seconds']:.1f}s (built={jit['built']})", flush=True)
+    facts = setup.end_to_end(loaded, cfg)
+    report = Path(cfg.report.dir) / cfg.name / "report.json"
+    Path(args.report).parent.mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(report, args.report)
+    print(f"[gate] run_gate {facts['wall_s']:.1f}s, approved={facts['approved']}; process {time.perf_counter() - t_start:.1f}s; "
+          f"determinism {json.dumps(determinism.describe())}", flush=True)
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--tag", default="a")
-    ap.add_argument("--det", choices=("off", "cublas", "full"), default="off")
-    ap.add_argument("--out", default="probe_out")
-    ap.add_argument("--work", default=None, help="scratch (default /tmp/probe_work/TAG)")
-    ap.add_argument("--tokenizer", default=None)
-    ap.add_argument("--shape", default="8b")
-    ap.add_argument("--tokens", type=int, default=256)
-    ap.add_argument("--batch", type=int, default=8)
-    ap.add_argument("--candidate", action="store_true")
-    ap.add_argument("--kernels", action="store_true")
-    ap.add_argument("--profile", action="store_true")
-    ap.add_argument("--nojit", action="store_true", help="ModelOpt's eager FP8 path (no 60 s JIT build)")
-    ap.add_argument("--deadline", type=float, default=150.0)
-    ap.add_argument("--localise", type=int, default=0, help="hooked eager decodes of this many tokens, twice: where they part")
-    ap.add_argument("--fixes", action="store_true", help="try each candidate setting (three decodes each), then stop")
-    ap.add_argument("--only", nargs="+", default=None, help="with --fixes: these trials only")
-    ap.add_argument("--compare", nargs="+", type=Path)
-    args = ap.parse_args()
-    if args.compare:
-        result = compare(args.compare)
+    sub = ap.add_subparsers(dest="what", required=True)
+    g = sub.add_parser("gate", help="one run of the 8B-shaped FP8 gate into a fresh folder, deterministic mode on")
+    g.add_argument("--tokenizer", default=None, help="tokenizer folder (default: the built-in model's)")
+    g.add_argument("--work", required=True, help="a fresh scratch folder (removed first if it exists)")
+    g.add_argument("--report", required=True, help="where to copy the run's report.json")
+    g.add_argument("--smoke", action="store_true", help="the toy shape and smoke budgets (a CPU, a minute or two)")
+    p = sub.add_parser("probe", help="one process of the greedy-decode experiment")
+    p.add_argument("--tag", default="a")
+    p.add_argument("--det", choices=("off", "cublas", "full"), default="off")
+    p.add_argument("--out", default="probe_out")
+    p.add_argument("--work", default=None, help="scratch (default /tmp/probe_work/TAG)")
+    p.add_argument("--tokenizer", default=None)
+    p.add_argument("--shape", default="8b")
+    p.add_argument("--tokens", type=int, default=256)
+    p.add_argument("--batch", type=int, default=8)
+    p.add_argument("--candidate", action="store_true")
+    p.add_argument("--kernels", action="store_true")
+    p.add_argument("--profile", action="store_true")
+    p.add_argument("--nojit", action="store_true", help="ModelOpt's eager FP8 path (no JIT build)")
+    p.add_argument("--deadline", type=float, default=150.0)
+    p.add_argument("--localise", type=int, default=0, help="hooked eager decodes of this many tokens, twice: where they part")
+    p.add_argument("--fixes", action="store_true", help="try each candidate setting (three decodes each), then stop")
+    p.add_argument("--only", nargs="+", default=None, help="with --fixes: these trials only")
+    c = sub.add_parser("compare", help="what agrees between probe processes")
+    c.add_argument("files", nargs="+", type=Path)
+    args = ap.parse_args(argv)
+    if args.what == "gate":
+        return gate(args)
+    if args.what == "compare":
+        result = compare(args.files)
         text = json.dumps(result, indent=1)
         print(text)
-        (args.compare[0].parent / "compare.json").write_text(text)
+        (args.files[0].parent / "compare.json").write_text(text)
         return 0
     Path(args.out).mkdir(parents=True, exist_ok=True)
     args.work = args.work or f"/tmp/probe_work/{args.tag}"

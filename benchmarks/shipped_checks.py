@@ -1,10 +1,10 @@
-"""Measure every shipped check on the built-in model: the figures the thresholds in checks/ are
-chosen from. Loads the reference once and runs `run_gate` for each check (gates with the
-thresholds switched to measuring-only values would change nothing: thresholds never change
-what is measured, only the verdict).
+"""The shipped checks on the built-in model: every figure of every check in checks/ (the figures their
+thresholds are chosen from). Loads the reference once and runs `run_gate` for each check with it
+(thresholds never change what is measured, only the verdict).
 
-    python benchmarks/measure_checks.py --out /tmp/measure            # CPU, as the README runs
-    python benchmarks/measure_checks.py --device cuda --dtype float32  # GPU, float32 like the CPU
+    python benchmarks/shipped_checks.py --out /tmp/measure                         # CPU
+    python benchmarks/shipped_checks.py --device cuda --dtype float32 --out DIR     # GPU, float32 like the CPU
+    python benchmarks/shipped_checks.py --only tasks checks/int4_awq.yaml           # just the named gates
 
 Writes OUT/checks.md (one row per check and figure) and OUT/checks.json.
 """
@@ -23,7 +23,7 @@ sys.path.insert(0, str(ROOT))
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser()
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", default="measure_out")
     ap.add_argument("--device", default="cpu", choices=["cpu", "cuda", "auto"])
     ap.add_argument("--dtype", default="float16", choices=["float16", "bfloat16", "float32"])
@@ -42,17 +42,17 @@ def main() -> None:
 
     stack = contextlib.ExitStack()
     stack.enter_context(quiet_libraries())  # for the whole script
+    from qval.models import load_model
+
     out = Path(args.out)
     loaded = {}
-    real_load = pipeline.load_model
 
     def load_once(cfg):  # noqa: ANN001, ANN202 - every check shares one reference
         key = cfg.model_dump_json()
         if key not in loaded:
-            loaded[key] = real_load(cfg)
+            loaded[key] = load_model(cfg)
         return loaded[key]
 
-    pipeline.load_model = load_once
     rows, everything = [], {}
     for path in args.checks:
         cfg = load_config(path)
@@ -71,7 +71,7 @@ def main() -> None:
         for c, alpha in pipeline.expand_alphas(cfg):
             t0 = time.perf_counter()
             try:
-                r = pipeline.run_gate(c, Progress(True), str(out), alpha)
+                r = pipeline.run_gate(c, Progress(True), str(out), alpha, reference=load_once(c.model))
             except QvalError as e:
                 rows.append(f"| {c.name} | – | error: {e} | | |")
                 continue

@@ -57,7 +57,7 @@ def matmul_tflops(device: str, n: int = 8192, reps: int = 10) -> dict[str, Any]:
     return {"n": n, "median_s": median(secs), "tflops": 2 * n**3 / median(secs) / 1e12}
 
 
-def _batch_of(prompts: list[list[int]], batch: int) -> list[list[int]]:
+def batch_of(prompts: list[list[int]], batch: int) -> list[list[int]]:
     return [prompts[i % len(prompts)] for i in range(batch)]
 
 
@@ -65,7 +65,7 @@ def decode_speed(engine: Any, prompts: list[list[int]], batch: int, new_tokens: 
     """Greedy decode of `batch` prompts × `new_tokens` on one path; ms per step includes the
     prefill (one step's worth at these prompt lengths) spread over the steps."""
     engine.decode = path
-    group = _batch_of(prompts, batch)
+    group = batch_of(prompts, batch)
     dev = engine.device
     secs = timed(lambda: engine.generate(group, new_tokens, suppress_eos=True, batch_size=batch), dev, reps, warmup=1)
     t = median(secs)
@@ -76,7 +76,7 @@ def decode_speed(engine: Any, prompts: list[list[int]], batch: int, new_tokens: 
 def greedy_identity(engine: Any, prompts: list[list[int]], batch: int, new_tokens: int) -> dict[str, Any]:
     """Do the plain and static paths emit the same greedy tokens? Per row: the first step
     where they differ (None: identical)."""
-    group = _batch_of(prompts, batch)
+    group = batch_of(prompts, batch)
     engine.decode = "plain"
     plain = engine.generate(group, new_tokens, suppress_eos=True, batch_size=batch)
     engine.decode = "static"
@@ -173,7 +173,7 @@ def step_profile(engine: Any, prompts: list[list[int]], batch: int, new_tokens: 
     if not engine.device.startswith("cuda"):
         return {"skipped": "the kernel profile needs a CUDA device"}
     engine.decode = "static"
-    group = _batch_of(prompts, batch)
+    group = batch_of(prompts, batch)
     engine.generate(group, new_tokens, suppress_eos=True, batch_size=batch)  # capture outside the profile
     sync(engine.device)
     with profile(activities=[ProfilerActivity.CUDA]) as prof:

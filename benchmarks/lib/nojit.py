@@ -1,13 +1,13 @@
 """Run a qval command or a benchmark script without ModelOpt's CUDA-kernel JIT build.
 
 ModelOpt compiles its fake-quant CUDA extensions the first time a quantizer runs on a GPU
-(55-70 s on the H200, once per machine; RESULTS.md). On a short-lived machine that is most of
+(once per machine; its time on the H200 is in RESULTS.md). On a short-lived machine that is most of
 a small run. With the extensions marked unavailable, ModelOpt takes its own eager PyTorch path
 (`tensor_quant.fp8_eager`: scale, clamp to ±448, cast to float8_e4m3fn and back), the same
 fallback it uses on a CPU.
 
-    python benchmarks/nojit.py -m qval gate --config ...
-    python benchmarks/nojit.py benchmarks/realquant_vs_fakequant.py --format fp8
+    python benchmarks/lib/nojit.py -m qval gate --config ...
+    python benchmarks/lib/nojit.py benchmarks/realquant.py --only distance
 """
 
 import runpy
