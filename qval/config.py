@@ -8,7 +8,6 @@ The gate sections are in `qval.config_gates`, their limits in the tables of `qva
 from __future__ import annotations
 
 import difflib
-import math
 from enum import Enum
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -21,6 +20,7 @@ from .config_gates import (  # noqa: F401
     AgreementGate, CountLimit, DepthGate, GatesConfig, LongGenGate, QualityGate, RetrievalGate, Sized, Strict,
     TaskSuite, TasksGate, Threshold,
 )
+from .config_types import mistyped, non_finite  # noqa: F401  (non_finite: importable from here as before)
 from .engines.registry import BACKENDS
 from .errors import ConfigError
 from .io import read_text_utf8
@@ -246,6 +246,13 @@ class GateConfig(Strict):
         if self.snapshot.sequential and self.gates.tasks.enabled and any(s.lm_eval for s in self.gates.tasks.suites):
             raise ValueError("snapshot.sequential cannot run lm-eval suites (gates.tasks.suites[].lm_eval): lm-eval "
                              "scores both models side by side; set snapshot.sequential: false or drop those suites")
+        launch = (self.engine.options.get("launch") or {}) if self.engine.backend == "served" else {}
+        if isinstance(launch, dict) and launch:  # the server's KV cache is the candidate's: the report must say which
+            fp8 = str(launch.get("kv_cache_dtype", "auto")).startswith("fp8")
+            if fp8 != (self.quant.kv_cache == KVCache.fp8):
+                raise ValueError(f"quant.kv_cache is {self.quant.kv_cache.value} but the server qval starts caches K/V in "
+                                 f"{launch.get('kv_cache_dtype', 'auto')} (engine.options.launch.kv_cache_dtype); set "
+                                 f"quant.kv_cache: {'fp8' if fp8 else 'fp16'}, which the report states")
         return self
 
     def resolve(self, path: str) -> Path:
@@ -313,35 +320,10 @@ def format_errors(err: ValidationError, file: str) -> list[str]:
     return list(dict.fromkeys(lines))
 
 
-def non_finite(data: Any, where: str = "") -> list[str]:
-    """One line per NaN or ±inf anywhere in the config: no setting takes one, and a threshold
-    that is one cannot decide (NaN compares false with everything) or cannot fail (+inf on a
-    max_, −inf on a min_).
-
-    >>> non_finite({"gates": {"agreement": {"max_mean_kld": float("inf"), "min_top1": 0.9}}})
-    ['gates.agreement.max_mean_kld = inf: a limit that can never fail; give a finite number']
-    """
-    if isinstance(data, dict):
-        return [line for k, v in data.items() for line in non_finite(v, f"{where}.{k}" if where else str(k))]
-    if isinstance(data, list):
-        return [line for i, v in enumerate(data) for line in non_finite(v, f"{where}[{i}]")]
-    if not isinstance(data, float) or math.isfinite(data):
-        return []
-    leaf = where.rsplit(".", 1)[-1]
-    if math.isnan(data):
-        why = "NaN is not a limit: every comparison with it is false, so the check could never decide"
-    elif leaf.startswith(("max_", "min_")):
-        never_fails = (data > 0) == leaf.startswith("max_")
-        why = "a limit that can never fail" if never_fails else "a limit that no candidate can ever pass"
-    else:
-        why = "must be a finite number"
-    return [f"{where} = {data}: {why}; give a finite number"]
-
-
 def parse_config(data: Any, file: str = "<config>") -> GateConfig:
     if not isinstance(data, dict):
         raise ConfigError(f"{file}: the config must be a YAML mapping (key: value), not {type(data).__name__}.")
-    bad = non_finite(data)
+    bad = non_finite(data) + mistyped(data, GateConfig)  # pydantic would read `true` as 1, 'yes' as true
     if bad:
         raise ConfigError("\n".join(f"{file}: {line}." for line in bad))
     try:
