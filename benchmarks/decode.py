@@ -14,9 +14,9 @@ bandwidth measured at the start; a step's floor adds the K/V slots it reads, eve
   (`HFEngine.static_filled`), batch 1 and gate 3's batch 8 × 2,048 per 256-step segment;
 - `fused`: without and with the fused element-wise step (`HFEngine.static_fused`), reference;
 - `candidate_fused`: the same for the FP8 candidate;
-- `b1`: batch 1 without and with the GEMV kernels (`qval.engines.fused_step.use_gemv`);
+- `b1`: batch 1 without and with the GEMV kernels (the runtime's `gemv` switch);
 - `b8`: gate 3's decode at batch 8 × 2,048 and batch 1: cuBLAS products and sdpa, then the 8-row
-  products, then the split-KV attention kernel too (`qval.engines.decode_attention.use_kernel`);
+  products, then the split-KV attention kernel too (the runtime's `split_kv` switch);
 - `candidate_kernels`: the FP8 candidate's decode without and with those kernels;
 - `determinism`: in qval's deterministic mode, the static step's cache writes through torch's sorted
   `index_put_` and through distinct-index writes (`StaticDecoder.distinct_writes`).
@@ -55,11 +55,17 @@ def variant(engine: Any, *, filled: bool = True, fused: bool | None = True, gemv
     """A fresh engine over `engine`'s model with the decode runtime's switches set: attend over the
     filled slots, fuse the element-wise step, the GEMV products, the split-KV attention kernel, and the
     distinct-index cache writes of deterministic mode."""
-    from qval.engines import decode_attention, fused_step
     from qval.engines.static_decode import StaticDecoder
 
-    fused_step.use_gemv, decode_attention.use_kernel, StaticDecoder.distinct_writes = gemv, kernel, distinct_writes
     new = setup.fresh_engine(engine)
+    runtime = getattr(new, "runtime", None)
+    if runtime is not None and hasattr(runtime, "gemv"):  # the runtime object owns its switches
+        runtime.gemv, runtime.split_kv = gemv, kernel
+    else:  # a runtime whose switches are module-level
+        from qval.engines import decode_attention, fused_step
+
+        fused_step.use_gemv, decode_attention.use_kernel = gemv, kernel
+    StaticDecoder.distinct_writes = distinct_writes
     new.static_filled, new.static_fused = filled, fused
     return new
 

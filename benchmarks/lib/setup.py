@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import gc
+import inspect
 import json
 import platform
 import time
@@ -144,7 +145,10 @@ def fresh_engine(engine: Any) -> Any:
     """A new engine of the same kind over the same model: no decoder kept from earlier steps, so a
     setting changed since (a module-level kernel switch) is captured anew. Notes and KV-cache
     quantizers carry over; the old engine's decoder is freed with the old engine."""
-    new = type(engine)(engine.model, engine.tokenizer, notes=list(engine.notes), decode=engine.decode)
+    kwargs: dict[str, Any] = {}
+    if "runtime" in inspect.signature(type(engine).__init__).parameters:  # the engine's choice of runtime, kept
+        kwargs["runtime"] = "qval" if getattr(engine, "runtime", None) is not None else "transformers"
+    new = type(engine)(engine.model, engine.tokenizer, notes=list(engine.notes), decode=engine.decode, **kwargs)
     for attr in ("static_filled", "static_fused", "kv_quantizers"):
         if hasattr(engine, attr):
             setattr(new, attr, getattr(engine, attr))
