@@ -15,8 +15,46 @@ from typing import Any
 
 from .numbers import fmt
 
-#: config name -> {"source", "variants", "rejected", "checks": {"gate/metric": {"limit" or "alpha", "failed"}}}
-MEASURED: dict[str, dict[str, Any]] = {}
+#: config name -> {"source", "variants", "rejected", "checks": {"gate/metric": {"limit" or "alpha", "failed"[, "uninformative"]}}}
+#: written from benchmarks/results/h200_error_rates_fp8_kvfp16_healthy.json (benchmarks/error_rates.py)
+MEASURED: dict[str, dict[str, Any]] = {
+    "fp8_kvfp16": {
+        "source": "H200, float32, 2026-12-03; benchmarks/RESULTS.md, \"The verdict's own error rates\"",
+        "variants": 18, "rejected": 0,
+        "checks": {
+            "agreement/top1": {"limit": 0.86, "failed": 0},
+            "agreement/mean_kld": {"limit": 0.05, "failed": 0},
+            "agreement/p99_kld": {"limit": 0.4, "failed": 0},
+            "depth/top1@0-512": {"limit": 0.82, "failed": 0},
+            "depth/mean_kld@0-512": {"limit": 0.05, "failed": 0},
+            "depth/p99_kld@0-512": {"limit": 0.35, "failed": 0},
+            "depth/top1@512-1024": {"limit": 0.82, "failed": 0},
+            "depth/mean_kld@512-1024": {"limit": 0.05, "failed": 0},
+            "depth/p99_kld@512-1024": {"limit": 0.35, "failed": 0},
+            "depth/top1@1024-2047": {"limit": 0.82, "failed": 0},
+            "depth/mean_kld@1024-2047": {"limit": 0.05, "failed": 0},
+            "depth/p99_kld@1024-2047": {"limit": 0.35, "failed": 0},
+            "quality/ppl_ratio": {"limit": 1.05, "failed": 0},
+            "quality/bleu_drop_en": {"alpha": 0.005, "failed": 0},
+            "quality/bleu_drop_zh": {"alpha": 0.005, "failed": 0},
+            "quality/chrf_drop_en": {"alpha": 0.005, "failed": 0},
+            "quality/chrf_drop_zh": {"alpha": 0.005, "failed": 0},
+            "longgen/late_top1": {"limit": 0.99, "failed": 0, "uninformative": 18},
+            "longgen/late_drift": {"limit": 0.05, "failed": 0, "uninformative": 18},
+            "longgen/seq_rep4_excess": {"alpha": 0.005, "failed": 0},
+            "longgen/judge_nll_excess": {"alpha": 0.005, "failed": 0},
+            "longgen/loops_excess": {"alpha": 0.005, "failed": 0},
+            "retrieval/drop@256": {"limit": 0.6, "failed": 0},
+            "retrieval/drop@512": {"limit": 0.6, "failed": 0},
+            "retrieval/drop@1024": {"limit": 0.6, "failed": 0},
+            "retrieval/drop@2048": {"limit": 0.6, "failed": 0},
+            "retrieval/drop": {"limit": 0.3, "failed": 0},
+            "tasks/drop@recall": {"limit": 0.2, "failed": 0},
+            "tasks/drop@cloze": {"limit": 0.2, "failed": 0},
+            "tasks/drop@choice": {"limit": 0.2, "failed": 0},
+        },
+    },
+}
 
 SIZE_COLUMN = "fails at the reference's level"
 SIZE_NOTE = ("Size: the probability that a candidate at the reference's own level (top-1 1, KLD, drop or excess 0, "
@@ -35,6 +73,8 @@ def for_report(name: str, checks: list[dict[str, Any]]) -> dict[str, Any]:
     """report.json's `error_rates`: the measured rates that apply to this run's checks.
 
     >>> MEASURED["x"] = {"source": "S", "variants": 20, "rejected": 1, "checks": {"g/a": {"limit": 0.5, "failed": 1}}}
+    >>> for_report("x", [])["why_not"]
+    'measured with checks this run lacks: g/a'
     >>> for_report("x", [{"gate": "g", "metric": "a", "limit": 0.5, "source": "absolute"}])["file"]
     {'variants': 20, 'rejected': 1, 'source': 'S'}
     >>> for_report("x", [{"gate": "g", "metric": "a", "limit": 0.4, "source": "absolute"}])
@@ -50,11 +90,13 @@ def for_report(name: str, checks: list[dict[str, Any]]) -> dict[str, Any]:
         key = f"{c['gate']}/{c['metric']}"
         mc = m["checks"].get(key)
         if mc is not None and _matches(c, mc):
-            out["checks"][key] = {"failed": mc["failed"], "variants": m["variants"]}
+            out["checks"][key] = {"failed": mc["failed"], "variants": m["variants"], "uninformative": mc.get("uninformative", 0)}
         else:
             differ.append(key)
-    if differ:
-        out["why_not"] = f"measured at other limits: {', '.join(differ)}"
+    missing = sorted(set(m["checks"]) - {f"{c['gate']}/{c['metric']}" for c in checks})
+    if differ or missing:
+        out["why_not"] = "; ".join(([f"measured at other limits: {', '.join(differ)}"] if differ else [])
+                                   + ([f"measured with checks this run lacks: {', '.join(missing)}"] if missing else []))
     else:
         out["file"] = {"variants": m["variants"], "rejected": m["rejected"], "source": m["source"]}
     return out
@@ -71,7 +113,10 @@ def size_cell(c: dict[str, Any], rates: dict[str, Any] | None) -> str:
     size = c.get("size")
     text = "–" if size is None else (f"≤ {fmt(size)} (α)" if c.get("source") == "sized" else ("< 1e-6" if size < 1e-6 else fmt(size, 2)))
     measured = ((rates or {}).get("checks") or {}).get(f"{c['gate']}/{c['metric']}")
-    return text + (f"; measured {measured['failed']}/{measured['variants']}" if measured else "")
+    if not measured:
+        return text
+    blind = f", uninformative in {measured['uninformative']}" if measured.get("uninformative") else ""
+    return text + f"; measured {measured['failed']}/{measured['variants']}{blind}"
 
 
 def file_text(rates: dict[str, Any] | None) -> str:
@@ -80,6 +125,6 @@ def file_text(rates: dict[str, Any] | None) -> str:
         return "Whole check file: its false-reject rate over healthy variants was not measured for this configuration."
     f = rates.get("file")
     if not f:
-        return f"Whole check file: measured for a configuration of this name, not at these limits ({rates.get('why_not')})."
+        return f"Whole check file: measured for a configuration of this name, not as it ran here ({rates.get('why_not')})."
     return (f"Whole check file: {f['rejected']} of {f['variants']} healthy variants (other calibration samples) were "
             f"rejected ({f['source']}).")
