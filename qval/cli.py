@@ -128,13 +128,14 @@ def _load(config: Path):  # noqa: ANN202 - the config type is imported lazily
     return load_config(config)
 
 
-def _checked(config: Path):  # noqa: ANN202
+def _checked(config: Path, gating: bool = True):  # noqa: ANN202
     """The config, loaded and preflighted (qval/preflight.py): a run that cannot finish stops here,
-    before any model loads; shortfall notes go to stderr."""
+    before any model loads; shortfall notes go to stderr. `gating` False: a command that decides
+    nothing (calibrate, diagnose) takes a config that enables no gate."""
     from .preflight import preflight
 
     cfg = _load(config)
-    for note in preflight(cfg):
+    for note in preflight(cfg, gating=gating):
         print(f"qval: warning: shortfall: {note}", file=sys.stderr)
     return cfg
 
@@ -142,8 +143,10 @@ def _checked(config: Path):  # noqa: ANN202
 @app.command()
 @user_errors
 def validate(config: Path = ConfigOpt) -> int:
-    """Check a config without loading a model: keys and values, every data file it names (parsed),
-    format × backend × device, each gate's context against the model's positions (from its config),
+    """Check a config without loading a model or running any of its code: keys and values (types
+    included: a boolean is no number), at least one gate enabled, every data file it names (parsed),
+    the model's files, whether it needs its own code and trust_remote_code allows it (config.json
+    read as JSON), format × backend × device, each gate's context against the model's positions,
     and the data against each budget (tokenizer only). `gate` runs the same checks first."""
     cfg = _checked(config)
     print(f"{config}: valid ({cfg.name}: {cfg.quant.format.value} weights, KV cache {cfg.quant.kv_cache.value}, engine {cfg.engine.backend})")
@@ -154,7 +157,7 @@ def validate(config: Path = ConfigOpt) -> int:
 @user_errors
 def calibrate(config: Path = ConfigOpt, out: Optional[str] = OutOpt, quiet: bool = QuietOpt) -> int:
     """Calibrate the candidate and save its quantizer state (reused by gate/build/diagnose)."""
-    cfg = _checked(config)
+    cfg = _checked(config, gating=False)
     from .pipeline import RunDir, Session, calibrate as run_calibration, expand_alphas
     from .progress import Progress
 
@@ -267,7 +270,7 @@ def print_fallback(outcome) -> None:  # noqa: ANN001
 def diagnose(config: Path = ConfigOpt, out: Optional[str] = OutOpt, quiet: bool = QuietOpt) -> int:
     """Per-layer scale diagnostics and the sensitivity ranking, no gates: layers.csv, diagnostics.json
     and diagnostics.html in the run folder (a gate report holds the same section)."""
-    cfg = _checked(config)
+    cfg = _checked(config, gating=False)
     from .diagnostics.command import diagnose_run
     from .pipeline import expand_alphas
     from .progress import Progress

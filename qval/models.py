@@ -140,10 +140,13 @@ def locate(cfg: ModelConfig) -> tuple[str, dict[str, Any], str, str]:
         if gguf.is_dir():
             raise ModelError(f"model.gguf: {gguf} is a folder, not a file. Give the path of a .gguf file.")
         if not gguf.is_file():
-            raise ModelError(f"model.gguf: {gguf} is not a file. Give the path of a .gguf file.")
+            raise ModelError(f"model.gguf: {gguf}: no such file{_from_cwd(gguf)}. Give the path of a .gguf file.")
         return str(gguf.parent), {"gguf_file": gguf.name}, gguf.name, file_fingerprint(gguf)
     if cfg.source == "path":
         folder = Path(cfg.path).expanduser()
+        if not folder.exists():
+            raise ModelError(f"model.path: {folder}: no such folder{_from_cwd(folder)}. Give the folder of a Hugging Face "
+                             f"model (config.json, the tokenizer's files, safetensors weights), or another model.source.")
         if folder.is_file():
             raise ModelError(f"model.path: {folder} is a file, not a folder; give a Hugging Face model folder.")
         if not (folder / "config.json").is_file():
@@ -153,6 +156,70 @@ def locate(cfg: ModelConfig) -> tuple[str, dict[str, Any], str, str]:
         return str(folder), {}, folder.name, fp
     # hub: the id and revision are the identity; the resolved files are fingerprinted after load
     return cfg.hub, {"revision": cfg.revision} if cfg.revision else {}, cfg.hub, hash_json([cfg.hub, cfg.revision])
+
+
+def _from_cwd(path: Path) -> str:
+    return "" if path.is_absolute() else f" (a relative path, taken from the working directory {Path.cwd()})"
+
+
+def config_json(cfg: ModelConfig) -> tuple[dict[str, Any], Path] | None:
+    """The reference's config.json read as JSON, and where: never through transformers, which
+    imports a model's own configuration code when trust_remote_code allows it. None for a GGUF
+    (no such file), a hub model whose config.json is not in the local cache, or a folder without one
+    (`locate` says so)."""
+    if cfg.source == "path":
+        path = Path(cfg.path).expanduser() / "config.json"
+    elif cfg.source == "hub":
+        from huggingface_hub import try_to_load_from_cache
+
+        cached = try_to_load_from_cache(cfg.hub, "config.json", revision=cfg.revision)
+        if not isinstance(cached, str):
+            return None
+        path = Path(cached)
+    else:
+        return None
+    if not path.is_file():
+        return None
+    try:
+        config = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as err:
+        raise ModelError(f"{path}: not readable JSON ({err}); fix or replace the model's config.json.") from None
+    if not isinstance(config, dict):
+        raise ModelError(f"{path}: not a JSON object; fix or replace the model's config.json.")
+    return config, path
+
+
+def remote_code(cfg: ModelConfig) -> str | None:
+    """Whether loading the reference runs the model's own code, from its config.json read as JSON
+    (nothing imported): None when it does not; a note when it does and model.trust_remote_code
+    allows it. A ModelError when transformers cannot load it: a model_type transformers does not
+    know, with no code of its own (auto_map) or with code that trust_remote_code does not allow."""
+    got = config_json(cfg)
+    if got is None:
+        return None
+    config, path = got
+    auto_map = config.get("auto_map") if isinstance(config.get("auto_map"), dict) else {}
+    code = ", ".join(f"{k} → {v if isinstance(v, str) else ' / '.join(x for x in v if x)}" for k, v in auto_map.items()
+                     if isinstance(v, (str, list)))
+    model_type = config.get("model_type")
+    from transformers import __version__ as version
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING_NAMES
+
+    which = f"model_type {model_type!r}" if model_type else "no model_type"
+    if model_type in CONFIG_MAPPING_NAMES:  # transformers' own classes load it; with trust, an auto_map's code replaces them
+        return (f"{path}: loading the model runs its own code ({code}), as model.trust_remote_code: true allows; the "
+                f"checks before the load (qval validate) read config.json as JSON and import none of it") \
+            if code and cfg.trust_remote_code else None
+    if not code:
+        raise ModelError(f"{path} declares {which}, which transformers {version} does not know, and names no code of its "
+                         f"own (auto_map): nothing can load it. Use a transformers that supports it, or fix model_type.")
+    if not cfg.trust_remote_code:
+        raise ModelError(f"{path} declares {which}, which transformers {version} does not know: the model loads only "
+                         f"through its own code (auto_map: {code}), and model.trust_remote_code is false. Set "
+                         f"model.trust_remote_code: true only if you trust that code (qval gate imports and runs it), or "
+                         f"use a transformers that supports the model.")
+    return (f"{path}: the model ({which}) runs its own code ({code}) when it loads, as model.trust_remote_code: true "
+            f"allows; the checks before the load (qval validate) read config.json as JSON and import none of it")
 
 
 def _gguf_context_length(path: Path) -> int | None:
@@ -176,34 +243,25 @@ def max_positions_of(cfg: ModelConfig) -> int | None:
     weights loaded; None when the config does not say (or a hub model is not in the local cache)."""
     if cfg.source in ("default", "gguf"):
         return _gguf_context_length(default_gguf_path() if cfg.source == "default" else Path(cfg.gguf).expanduser())
-    if cfg.source == "path":
-        path = Path(cfg.path).expanduser() / "config.json"
-        try:
-            config = json.loads(path.read_text(encoding="utf-8"))
-        except (OSError, ValueError) as err:
-            raise ModelError(f"{path}: not readable JSON ({err}); fix or replace the model's config.json.") from None
-    else:
-        try:
-            from transformers import AutoConfig
-
-            config = AutoConfig.from_pretrained(cfg.hub, revision=cfg.revision, local_files_only=True,
-                                                trust_remote_code=cfg.trust_remote_code).to_dict()
-        except Exception:  # noqa: BLE001 - not cached here: the limit is checked once the model loads
-            return None
-    config = config.get("text_config") or config
+    got = config_json(cfg)  # as JSON: transformers' AutoConfig would import a model's own code
+    if got is None:  # a hub model not in the local cache: the limit is checked once the model loads
+        return None
+    config = got[0].get("text_config") or got[0]
     n = config.get("max_position_embeddings", config.get("n_positions"))
     return int(n) if isinstance(n, int) and n > 0 else None
 
 
-def load_tokenizer(cfg: ModelConfig) -> Any:
+def load_tokenizer(cfg: ModelConfig, run_code: bool = True) -> Any:
+    """The reference's tokenizer; `run_code` False: never the model's own code, whatever
+    trust_remote_code says (the preflight's: transformers' own tokenizer classes only)."""
     from transformers import AutoTokenizer
 
     target, kwargs, _, _ = locate(cfg)
     if cfg.tokenizer:
         target, kwargs = cfg.tokenizer, {}
     try:
-        tok = AutoTokenizer.from_pretrained(target, trust_remote_code=cfg.trust_remote_code, **kwargs)
-    except OSError as err:
+        tok = AutoTokenizer.from_pretrained(target, trust_remote_code=cfg.trust_remote_code and run_code, **kwargs)
+    except (OSError, ValueError) as err:
         raise ModelError(f"cannot load the tokenizer from {target}: {err}") from None
     if tok.pad_token_id is None:
         tok.pad_token = tok.eos_token

@@ -72,6 +72,7 @@ class Session:
     _tokenizer: Any = None
     _ref_described: dict[str, Any] | None = None
     fill: dict[str, Any] | None = None  # a sequential run's first phase: each gate's reference work
+    _engine_identity: dict[str, Any] | None = None  # what the backend adds to the stage keys, asked once
 
     @property
     def reference(self) -> LoadedModel:
@@ -112,9 +113,7 @@ class Session:
         self._reference = None
         self._ref_engine = None
         if self._snapshot is not None:
-            _ = self._snapshot.description, self._snapshot.config  # kept: what stands for the reference while it is away
-            self._snapshot.real = None
-            self._snapshot.live.clear()
+            self._snapshot.detach()
         free_memory()
         self.progress.log(f"reference released ({why})")
 
@@ -156,23 +155,21 @@ class Session:
             snap = self.config.snapshot
             self._snapshot = SnapshotReference(self.ref_engine, SnapshotStore(shared, self.snapshot_inputs()), snap.k, snap.audit)
         if in_memory and self._snapshot.real is None:
-            self._snapshot.real = self.ref_engine
+            self._snapshot.attach(self.ref_engine)
         return self._snapshot
 
     def snapshot_description(self) -> dict[str, Any] | None:
-        """The snapshot the gates read (key, folder, when it was created, stored form) and this run's use of it."""
-        if self._snapshot is None:
-            return None
-        store = self._snapshot.store
-        m = store.manifest() if store.path.is_dir() else {"created": None}
-        return {"key": store.key, "path": str(store.path), "created": m.get("created"), "topk": self.config.snapshot.topk,
-                "bytes": store.size_bytes(), **self._snapshot.usage()}
+        """The snapshot the gates read (`SnapshotStore.describe`), this run's use of it and what its reads verified;
+        with every gate reused (none ran here), the snapshot their stage keys name, unused in this run."""
+        snap = self._snapshot or (SnapshotReference(None, SnapshotStore(self.run.path.parent / ".reference", self.snapshot_inputs()),
+                                                    None, False, description={}) if self.config.snapshot.enabled else None)
+        return None if snap is None else {**snap.store.describe(self.config.snapshot.topk), **snap.usage(), **snap.store.integrity()}
 
 
 def calibrate(s: Session, alpha: float | None = None) -> Stage | None:
     """Run (or reuse) calibration; returns the stage whose folder holds `quant_state.pt`."""
     q = s.config.quant
-    if not q.spec.quantizes or not needs_calibration(s.config.engine.backend):
+    if not q.spec.quantizes or not needs_calibration(s.config.engine.backend, s.config.engine.options):
         return None
     c = s.config.calibration
     stage = s.run.stage("calibrate", {
@@ -206,8 +203,10 @@ def calibrate(s: Session, alpha: float | None = None) -> Stage | None:
 
 
 def candidate_identity(s: Session, calib: Stage | None) -> dict[str, Any]:
+    if s._engine_identity is None:  # a served engine's asks its server
+        s._engine_identity = engine_identity(s.config)
     return {"quant": s.config.quant.model_dump(mode="json"), "calibration": calib.key if calib else None,
-            "engine": s.config.engine.model_dump(mode="json"), **engine_identity(s.config)}
+            "engine": s.config.engine.model_dump(mode="json"), **s._engine_identity}
 
 
 def build(s: Session, calib: Stage | None) -> Any:
@@ -350,15 +349,18 @@ def run_gate(cfg: GateConfig, progress: Progress = SILENT, out_dir: str | None =
             filled = fill_gates(s, s.run.path.parent / ".reference")
         s.fill = {"gates": filled, "memory": mem.describe()}
         s.release_reference("the snapshot holds what the gates ask of it")
-    calib = calibrate(s, alpha)
-    results = run_gates(s, calib, fail_fast)
-    verdict = decide(results, thresholds_for(cfg, results))
-    mode = sensitivity or cfg.diagnostics.sensitivity
-    diagnostics = run_diagnostics(s, calib, mode == "always" or (mode == "auto" and not verdict.approved))
-    report = schema.build_report(cfg, verdict, results, reference=reference_description(s),
-                                 engine=s._candidate.describe() if s._candidate is not None else None,
-                                 calibration=calib.meta() if calib else None, stages=s.run.log, environment=s.env,
-                                 numerics=determinism.describe(), diagnostics=diagnostics, seconds=time.perf_counter() - t0)
+    try:
+        calib = calibrate(s, alpha)
+        results = run_gates(s, calib, fail_fast)
+        verdict = decide(results, thresholds_for(cfg, results))
+        mode = sensitivity or cfg.diagnostics.sensitivity
+        diagnostics = run_diagnostics(s, calib, mode == "always" or (mode == "auto" and not verdict.approved))
+        report = schema.build_report(cfg, verdict, results, reference=reference_description(s),
+                                     engine=s._candidate.describe() if s._candidate is not None else None,
+                                     calibration=calib.meta() if calib else None, stages=s.run.log, environment=s.env,
+                                     numerics=determinism.describe(), diagnostics=diagnostics, seconds=time.perf_counter() - t0)
+    finally:  # a server the candidate started stops on every exit path (an error, Ctrl-C)
+        getattr(s._candidate, "close", lambda: None)()
     write_reports(s.run.path, report)
     return RunResult(config=cfg, verdict=verdict, run_dir=s.run.path, report=report)
 
@@ -383,8 +385,8 @@ def reference_description(s: Session) -> dict[str, Any]:
     path = s.run.path / "reference.json"
     if s._reference is not None or s._ref_described is not None:
         d = s._reference.describe() if s._reference is not None else dict(s._ref_described)  # type: ignore[arg-type]
-        if (snap := s.snapshot_description()) is not None:
-            d["snapshot"] = snap
+        if (snap := s.snapshot_description()) is not None:  # its notes (entries recomputed) beside the model's
+            d["snapshot"], d["notes"] = snap, [*d.get("notes", []), *snap["notes"]]
         if s.fill is not None:
             d["snapshot_fill"] = s.fill
         if s.sequential:

@@ -2,17 +2,21 @@
 before any model loads (`qval validate`, and the first thing `gate`, `calibrate`, `diagnose`
 and `sweep` do), so a config that cannot finish fails in seconds with every problem at once.
 
-It asks the modules that own each rule rather than restating them: the model's location
-(`models.locate`), the device and the format's hardware (`models.pick_device`,
-`modelopt_adapter.check_supported`), the backend's formats (`engines.check_engine`), each
-gate's data files and budgets (`GateSpec.check`, the same functions the gates run), each gate's
-context against the model's positions read from its config (`gates.context_problem`,
-`models.max_positions_of`), and the calibration windows (`calibration.calibration_samples`).
+It asks the modules that own each rule rather than restating them: at least one gate enabled
+(`no_gate`, for the commands that decide), the model's location (`models.locate`), whether the
+model needs its own code and trust_remote_code allows it (`models.remote_code`, from config.json
+read as JSON: the preflight imports and runs none of a model's code), the device and the format's
+hardware (`models.pick_device`, `modelopt_adapter.check_supported`), the backend's formats
+(`engines.check_engine`), each gate's data files and budgets (`GateSpec.check`, the same
+functions the gates run), each gate's context against the model's positions read from its config
+(`gates.context_problem`, `models.max_positions_of`), and the calibration windows
+(`calibration.calibration_samples`).
 Whatever passes here cannot fail later for the same reason.
 """
 
 from __future__ import annotations
 
+import sys
 from typing import TYPE_CHECKING, Any, Callable, TypeVar
 
 from . import models  # its functions looked up at call time (tests replace models.locate)
@@ -20,7 +24,7 @@ from .calibration import calibration_samples
 from .data import dataset_identity, read_texts
 from .engines.builders import check_engine, engine_identity
 from .engines.registry import needs_calibration
-from .errors import QvalError
+from .errors import ModelError, QvalError
 from .gates import GATES, context_problem
 from .io import hash_json
 from .quantize.modelopt_adapter import check_supported
@@ -33,7 +37,7 @@ T = TypeVar("T")
 
 def calibrates(cfg: "GateConfig") -> bool:
     """Whether the run calibrates: a quantized format on a backend that builds from calibration."""
-    return cfg.quant.spec.quantizes and needs_calibration(cfg.engine.backend)
+    return cfg.quant.spec.quantizes and needs_calibration(cfg.engine.backend, cfg.engine.options)
 
 
 def check_hardware(cfg: "GateConfig") -> None:
@@ -47,21 +51,43 @@ _TOKENIZERS: dict[str, Any] = {}
 
 
 def reference_tokenizer(cfg: "GateConfig") -> Any:
-    """The reference's tokenizer, the only part of the model the budget checks need. Kept per
-    model (its location's fingerprint included) for the process: a GGUF tokenizer takes seconds
-    to convert, and a sweep or a test session preflights many configs of one model."""
+    """The reference's tokenizer, the only part of the model the budget checks need, loaded without
+    the model's own code (the preflight runs none; transformers' own tokenizer classes count the
+    same tokens unless the tokenizer itself is custom code). None when only the model's own code
+    can load it and trust_remote_code allows that: the gates count their budgets when they run.
+    Kept per model (its location's fingerprint included) for the process: a GGUF tokenizer takes
+    seconds to convert, and a sweep or a test session preflights many configs of one model."""
     key = hash_json([cfg.model.model_dump(mode="json"), models.locate(cfg.model)[3]])
     if key not in _TOKENIZERS:
-        _TOKENIZERS[key] = models.load_tokenizer(cfg.model)
+        try:
+            _TOKENIZERS[key] = models.load_tokenizer(cfg.model, run_code=False)
+        except ModelError as err:
+            if not cfg.model.trust_remote_code:
+                raise
+            print(f"qval: note: the data budgets are not counted before the run: the tokenizer loads only through the "
+                  f"model's own code, which the preflight does not run ({err}); each gate counts its budget when it runs.",
+                  file=sys.stderr)
+            _TOKENIZERS[key] = None
     return _TOKENIZERS[key]
 
 
-def preflight(cfg: "GateConfig", count_tokens: bool = True, tokenizer: Any = None) -> list[str]:
-    """Check `cfg` without loading a model; returns the shortfall notes (less data than asked for,
-    within max_shortfall) and raises one QvalError listing every problem. `count_tokens` False
-    skips what needs the tokenizer (the budgets), the one part that reads more than files;
-    `tokenizer`: the reference's, already loaded (a sweep checks many configs of one model)."""
-    problems: list[str] = []
+def no_gate(cfg: "GateConfig") -> str | None:
+    """A config that enables no gate has nothing to decide an approval on (a run of it would load, calibrate
+    and reject with "no gate produced a check"): a config error, said before anything loads."""
+    if any(spec.enabled(cfg) for spec in GATES.ordered()):
+        return None
+    return (f"{cfg.source_file or 'the config'}: no gate is enabled ({', '.join(f'gates.{s.name}' for s in GATES.ordered())} "
+            f"are all disabled or not given), so nothing could approve the candidate; enable at least one, e.g. "
+            f"gates.agreement with min_top1: 0.9.")
+
+
+def preflight(cfg: "GateConfig", count_tokens: bool = True, tokenizer: Any = None, gating: bool = True) -> list[str]:
+    """Check `cfg` without loading a model or running any of its code; returns the shortfall notes
+    (less data than asked for, within max_shortfall) and raises one QvalError listing every problem.
+    `count_tokens` False skips what needs the tokenizer (the budgets), the one part that reads more
+    than files; `tokenizer`: the reference's, already loaded (a sweep checks many configs of one
+    model); `gating` False: the command decides nothing (calibrate, diagnose), so no gate is needed."""
+    problems: list[str] = [p for p in [no_gate(cfg) if gating else None] if p]
 
     def attempt(fn: Callable[[], T]) -> T | None:
         try:
@@ -73,6 +99,8 @@ def preflight(cfg: "GateConfig", count_tokens: bool = True, tokenizer: Any = Non
     gates = [spec for spec in GATES.ordered() if spec.enabled(cfg)]
     c = cfg.calibration
     attempt(lambda: models.locate(cfg.model))
+    if note := attempt(lambda: models.remote_code(cfg.model)):  # from config.json as JSON: no code imported here
+        print(f"qval: note: {note}", file=sys.stderr)
     attempt(lambda: engine_identity(cfg))  # a checkpoint candidate's folder and weight files
     attempt(lambda: check_hardware(cfg))
     attempt(lambda: check_engine(cfg))

@@ -163,4 +163,4 @@ def test_an_unknown_backend_is_named_at_its_key_with_the_close_name(tmp_path):
     code, out = cli_validate(write_config(tmp_path, data))
     assert code == 2
     assert ("engine.backend = 'tensorrt': unknown engine backend 'tensorrt'. Did you mean 'tensorrt_llm'? "
-            "Available: checkpoint, export, fakequant, realquant, tensorrt_llm.") in out and ".." not in out, out
+            "Available: checkpoint, export, fakequant, realquant, served, tensorrt_llm.") in out and ".." not in out, out

@@ -24,7 +24,7 @@ def diagnose_run(cfg: Any, progress: Any, out_dir: str | None, alpha: float | No
     layers.csv and diagnostics.html into the run folder (never report.*: that is a sign-off)."""
     if not cfg.quant.spec.quantizes:
         raise ConfigError(f"{cfg.source_file or cfg.name}: quant.format is {cfg.quant.format.value}, so there are no quantizers to diagnose.")
-    if not needs_calibration(cfg.engine.backend):
+    if not needs_calibration(cfg.engine.backend, cfg.engine.options):
         raise ConfigError(f"{cfg.source_file or cfg.name}: engine backend {cfg.engine.backend!r} gates a checkpoint made "
                           f"elsewhere, with no qval calibration, so there are no quantizer scales to diagnose. "
                           f"`qval gate` gates it; to diagnose the format, run `qval diagnose` on a config with "

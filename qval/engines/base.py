@@ -5,6 +5,11 @@ the logits of one long sequence piece by piece (with the KV cache, so a quantize
 exercised the way decoding exercises it), or for greedy generations. Engines register by name
 in `qval.engines.builders.ENGINES`; the config's `engine.backend` picks the candidate's, and its
 builder receives a `BuildContext`.
+
+Scoring methods answer `Logits` (qval/logits.py): raw logits [..., V] from an engine that computes
+in this process, or a `Compact` block [...] where only part of each distribution is known — the
+reference snapshot's stored form, a served engine's top K. Both index, reshape and move alike,
+and every metric function takes either on either side.
 """
 
 from __future__ import annotations
@@ -15,6 +20,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Iterator
 
 import torch
+
+from ..logits import Logits, cat
 
 if TYPE_CHECKING:
     from ..config import GateConfig
@@ -64,21 +71,24 @@ class Engine(ABC):
 
     backend: str = "?"
     executed: bool = True  # False only for adapters that could not be run where the report was made
+    #: whether scoring answers raw logits (False: `Compact` blocks, which hold the input's next tokens'
+    #: log-probabilities exactly but not every token's: a caller scoring a continuation puts it in the input)
+    full_logits: bool = True
 
     @property
     @abstractmethod
     def device(self) -> str: ...
 
     @abstractmethod
-    def logits(self, input_ids: torch.Tensor) -> torch.Tensor:
-        """[B, T] token ids -> [B, T, V] logits for one chunk (teacher forcing)."""
+    def logits(self, input_ids: torch.Tensor) -> Logits:
+        """[B, T] token ids -> [B, T, V] logits (or a [B, T] compact block) for one chunk (teacher forcing)."""
 
     @abstractmethod
-    def logits_pieces(self, input_ids: torch.Tensor, piece: int) -> Iterator[torch.Tensor]:
-        """One long [1, T] sequence scored `piece` positions at a time through the KV cache;
-        yields [1, piece, V] logits, so memory stays O(piece × V) whatever T is."""
+    def logits_pieces(self, input_ids: torch.Tensor, piece: int) -> Iterator[Logits]:
+        """Long [B, T] sequences scored `piece` positions at a time through the KV cache;
+        yields [B, piece, V] logits, so memory stays O(piece × V) whatever T is."""
 
-    def answer_logits(self, prompt: list[int], answer: list[int]) -> torch.Tensor:
+    def answer_logits(self, prompt: list[int], answer: list[int]) -> Logits:
         """[len(answer), V] logits that predict each token of `answer` after `prompt`: the prompt
         prefilled into the KV cache, the answer then read through the cache as decoding would.
         Engines that can skip the prompt's own logits (most of a long prompt's output) override it."""
@@ -91,13 +101,22 @@ class Engine(ABC):
             if lo < hi:
                 rows.append(logits[0, lo - start : hi - start])
             start = end
-        return torch.cat(rows)
+        return cat(rows)
 
     @abstractmethod
     def generate(
         self, prompts: list[list[int]], max_new_tokens: int, *, suppress_eos: bool, batch_size: int, progress: Any = None
     ) -> Generation:
         """Greedy decoding with a KV cache, batched; EOS optionally suppressed."""
+
+    @property
+    def model_config(self) -> Any:
+        """The model's configuration (transformers' `PretrainedConfig`) where the engine knows it, else None:
+        what a gate reads besides outputs (the positions a model holds)."""
+        return getattr(getattr(self, "model", None), "config", None)
+
+    def close(self) -> None:
+        """Give back what the engine holds outside this process (a server it started); idempotent."""
 
     def describe(self) -> dict[str, Any]:
         return {"backend": self.backend, "device": self.device, "executed": self.executed}

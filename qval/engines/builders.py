@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any, Callable
 
 from ..registry import Registry
-from . import checkpoint, export, fakequant, realquant, tensorrt_llm
+from . import checkpoint, export, fakequant, realquant, served_setup, tensorrt_llm
 from .base import BuildContext, Engine
 from .registry import BACKENDS
 
@@ -26,6 +26,7 @@ for _name, _builder in (
     ("export", export.build_export_engine),
     ("realquant", realquant.build_realquant),
     ("tensorrt_llm", tensorrt_llm.build_tensorrt_llm),
+    ("served", served_setup.build_served),
 ):
     ENGINES.register(_name)(_builder)
 del _name, _builder

@@ -25,7 +25,7 @@ from ..io import atomic_write
 from ..progress import SILENT
 from ..shortfall import shortfall
 from ..metrics import delta_p_summary, kld_summary, mean_estimate, proportion, quantiles
-from ..metrics.agreement import SNAPSHOT_FIELDS, kld_bound_details
+from ..metrics.agreement import BOUND_FIELDS, kld_bound_details
 from ..metrics.estimate import Estimate
 from ..metrics.tokens import first_nonfinite, token_stats
 from ..verdict import GateResult, Threshold
@@ -90,7 +90,7 @@ def run(ctx: GateContext) -> GateResult:
                 bad_ref = (b0 + i // per, half + i % per, offset + i)
             if bad_cand is None and (i := first_nonfinite(s["finite_cand"])) is not None:
                 bad_cand = (b0 + i // per, half + i % per, offset + i)
-            for f in FIELDS + SNAPSHOT_FIELDS:
+            for f in FIELDS + BOUND_FIELDS:
                 if f in s:
                     parts.setdefault(f, []).append(s[f].numpy())
             del lr, lc, s

@@ -61,8 +61,7 @@ def candidate_dependent(ctx: GateContext) -> Any:
 def max_positions(ctx: GateContext) -> int | None:
     """The reference model's maximum positions (its config's `max_position_embeddings`), or None
     when its engine does not say: long-context gates refuse a context the model cannot hold."""
-    model = getattr(ctx.reference, "model", None)
-    n = getattr(getattr(model, "config", None), "max_position_embeddings", None)
+    n = getattr(ctx.reference.model_config, "max_position_embeddings", None)
     return int(n) if isinstance(n, int) and n > 0 else None
 
 def context_problem(spec: GateSpec, cfg: "GateConfig", limit: int | None) -> str | None:

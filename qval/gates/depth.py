@@ -24,7 +24,7 @@ from ..errors import DataError
 from ..gate_metrics import DEPTH
 from ..io import atomic_write
 from ..metrics import delta_p_summary, kld_summary, mean_estimate, proportion, quantiles
-from ..metrics.agreement import SNAPSHOT_FIELDS, kld_bound_details
+from ..metrics.agreement import BOUND_FIELDS, kld_bound_details
 from ..metrics.estimate import Estimate
 from ..metrics.tokens import first_nonfinite, token_stats
 from ..progress import SILENT
@@ -119,7 +119,7 @@ def run(ctx: GateContext) -> GateResult:
             if (t := first_nonfinite(torch.from_numpy(s["finite_cand"]))) is not None:
                 return GateResult("depth", "nonfinite", details=info, seconds=time.perf_counter() - t0,
                                   error=f"the candidate produced non-finite logits first at chunk {c}, depth {t}")
-            for f in FIELDS + SNAPSHOT_FIELDS:
+            for f in FIELDS + BOUND_FIELDS:
                 if f in s:
                     rows.setdefault(f, []).append(s[f])
             advance(1)

@@ -32,7 +32,7 @@ from ..io import atomic_write
 from ..gate_metrics import LONGGEN, Metric
 from ..shortfall import shortfall
 from ..metrics import detect_loop, distinct_n, mean_estimate, seq_rep_n, sized_threshold, windows
-from ..metrics.agreement import SNAPSHOT_FIELDS, kld_bound_details
+from ..metrics.agreement import BOUND_FIELDS, kld_bound_details
 from ..metrics.estimate import Estimate
 from ..metrics.tokens import first_nonfinite
 from ..progress import SILENT
@@ -242,7 +242,7 @@ def summarize(cfg: GateConfig, records: list[dict[str, Any]], seqs: list[dict[st
 
     series = window_series([s["tf"] for s in seqs], [s["judge_cand"] for s in seqs], ref_health, cand_health, g.window,
                            max(len(s["ref"]) for s in seqs))
-    details = {**info, **kld_bound_details({k: np.concatenate([s["tf"][k] for s in seqs]) for k in SNAPSHOT_FIELDS + ("kld",)
+    details = {**info, **kld_bound_details({k: np.concatenate([s["tf"][k] for s in seqs]) for k in BOUND_FIELDS + ("kld",)
                                             if all(k in s["tf"] for s in seqs)}),
                "loop_span": span, "loop_max_period": LOOP_MAX_PERIOD, "windows": series, "per_prompt": per_prompt,
                "ref_loops": ref_loops, "cand_loops": cand_loops, "ref_eos_stops": ref_stops, "cand_eos_stops": cand_stops,

@@ -175,7 +175,7 @@ def lmeval_max_length(ctx: GateContext, suite: TaskSuite) -> int:
         return suite.max_length
     from lm_eval.models.utils import resolve_max_length
 
-    config = getattr(getattr(ctx.reference, "model", None), "config", None)
+    config = ctx.reference.model_config
     return resolve_max_length(config, ctx.tokenizer, default=2048)
 
 

@@ -58,7 +58,7 @@ def teacher_forced_rows(ctx: GateContext, prompts: list[list[int]], conts: list[
         end = start + lr.shape[1]
         cut = [(row, lo - start, hi - start, ids[lo + 1 : hi + 1]) for row, (ids, first, last) in enumerate(spans)
                if (lo := max(start, first)) < (hi := min(end, last))]
-        if len(cut) > 1 and isinstance(lr, torch.Tensor):
+        if len(cut) > 1 and isinstance(lr, torch.Tensor) and isinstance(lc, torch.Tensor):
             # every row's positions of this piece in one call: the statistics are per position,
             # so one call over the rows stacked is the calls row by row, with one launch sequence
             st = token_stats(torch.cat([lr[r, a:b] for r, a, b, _ in cut]), torch.cat([lc[r, a:b] for r, a, b, _ in cut]),

@@ -65,14 +65,16 @@ def top1_summary(flags: np.ndarray) -> Estimate:
     return proportion(np.asarray(flags, dtype=bool))
 
 
-#: from a snapshot reference (qval/snapshot): the KLD's upper bound, and the full-logits KLD when audited
-SNAPSHOT_FIELDS = ("kld_upper", "kld_exact")
+#: per-position figures beside an estimated KLD: a snapshot reference's upper bound and audited exact KLD
+#: (qval/snapshot), a top-K candidate's lower bound and unseen mass (qval/metrics/topk.py)
+BOUND_FIELDS = ("kld_upper", "kld_exact", "kld_lower", "unseen_mass")
 
 
 def kld_bound_details(a: dict[str, np.ndarray]) -> dict[str, Any]:
     """With a snapshot reference: the mean KLD's upper bound (the full-vocabulary mean is at most
     it) and, when the full reference logits were at hand, the exact mean and how far
-    the estimate is from it. Nothing when the reference's full logits were used."""
+    the estimate is from it. With a candidate known by its top K: the estimate's lower bound and the
+    mass it could not see. Nothing when both models' full logits were used."""
     out: dict[str, Any] = {}
     if "kld_upper" in a:
         est, hi = float(np.mean(a["kld"])), float(np.mean(a["kld_upper"]))
@@ -80,6 +82,16 @@ def kld_bound_details(a: dict[str, np.ndarray]) -> dict[str, Any]:
                             "note": "KLD from the reference snapshot: its top-k log-probabilities exactly, its tail from a "
                                     "systematic sample of tail tokens; mean_kld_upper is a strict upper bound of the "
                                     "full-vocabulary mean KLD (qval/snapshot/compact.py)"}
+    if "kld_lower" in a:
+        q = quantiles(a["unseen_mass"], [0.99])["p99"]
+        out["kld_topk"] = {"mean_kld": float(np.mean(a["kld"])), "mean_kld_lower": float(np.mean(a["kld_lower"])),
+                           "p99_kld": quantiles(a["kld"], [0.99])["p99"], "p99_kld_lower": quantiles(a["kld_lower"], [0.99])["p99"],
+                           "mean_unseen_mass": float(np.mean(a["unseen_mass"])), "p99_unseen_mass": q,
+                           "note": "the candidate is known by its top K log-probabilities (a served engine): the KLD gated is "
+                                   "an estimate, the seen tokens exactly and the unseen ones assumed as damaged as the seen; "
+                                   "mean_kld_lower is a strict lower bound; no upper bound exists from top-K "
+                                   "log-probabilities; unseen_mass is the reference's probability on tokens the candidate "
+                                   "did not show, the part the estimate assumes (qval/metrics/topk.py)"}
     if "kld_exact" in a and a["kld_exact"].size == a["kld"].size:  # audited only where every position was computed here
         exact = float(np.mean(a["kld_exact"]))
         out["kld_audit"] = {"mean_kld_exact": exact, "mean_kld_snapshot": float(np.mean(a["kld"])),

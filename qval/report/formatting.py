@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .numbers import fmt
+from .numbers import fmt, number
 
 #: each gate's section title; a gate not named here is titled by its name
 TITLES = {"agreement": "Gate 1 — logits agreement",
@@ -136,16 +136,24 @@ def snapshot_text(model: dict[str, Any]) -> str | None:
 
 
 def kld_bound_text(d: dict[str, Any]) -> str | None:
-    """The snapshot's KLD caveat of a gate's details: its upper bound and, when audited, the exact figure."""
-    b = d.get("kld_bound")
-    if not b:
-        return None
-    text = (f"KLD from the reference snapshot (top-k exact, tail sampled): mean {fmt(b.get('mean_kld'))}; the full-vocabulary "
-            f"mean is at most {fmt(b.get('mean_kld_upper'))} (strict bound)")
-    if a := d.get("kld_audit"):
-        text += (f"; audited against the full reference logits computed in this run: exact mean {fmt(a.get('mean_kld_exact'))}, "
-                 f"relative difference {100 * a.get('relative_difference', float('nan')):+.2f} %")
-    return text + "."
+    """The KLD caveats of a gate's details: the snapshot's upper bound and, when audited, the exact
+    figure; a top-K candidate's lower bound and the mass it did not show."""
+    parts = []
+    if b := d.get("kld_bound"):
+        text = (f"KLD from the reference snapshot (top-k exact, tail sampled): mean {fmt(b.get('mean_kld'))}; the "
+                f"full-vocabulary mean is at most {fmt(b.get('mean_kld_upper'))} (strict bound)")
+        if a := d.get("kld_audit"):
+            text += (f"; audited against the full reference logits computed in this run: exact mean "
+                     f"{fmt(a.get('mean_kld_exact'))}, relative difference {100 * number(a.get('relative_difference', 'nan')):+.2f} %")
+        parts.append(text + ".")
+    if t := d.get("kld_topk"):
+        parts.append(f"KLD of a candidate known by its top K log-probabilities (a served engine): the gated estimate, mean "
+                     f"{fmt(t.get('mean_kld'))} (p99 {fmt(t.get('p99_kld'))}), is at least {fmt(t.get('mean_kld_lower'))} "
+                     f"(p99 {fmt(t.get('p99_kld_lower'))}, strict lower bound); the reference puts "
+                     f"{fmt(t.get('mean_unseen_mass'))} of its probability on average (p99 {fmt(t.get('p99_unseen_mass'))}) "
+                     "on tokens the candidate did not show, where the estimate assumes the damage it measured on the seen "
+                     "ones; no upper bound exists from top-K log-probabilities.")
+    return " ".join(parts) or None
 
 
 def candidate_text(cand: dict[str, Any]) -> str:

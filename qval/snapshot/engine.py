@@ -19,7 +19,6 @@ from __future__ import annotations
 import contextlib
 import time
 from dataclasses import replace
-from types import SimpleNamespace
 from typing import Any, Iterator
 
 import torch
@@ -48,6 +47,8 @@ class ReferenceAbsent(Exception):
 class SnapshotReference(Engine):
     """`real`: the reference's engine, or None while the reference is not in memory (then
     `description` and `config` stand for it, and a call the snapshot lacks raises ReferenceAbsent)."""
+
+    full_logits = False
 
     def __init__(self, real: Engine | None, store: SnapshotStore, topk: int | None, audit: bool, *,
                  description: dict[str, Any] | None = None, config: Any = None) -> None:
@@ -101,11 +102,26 @@ class SnapshotReference(Engine):
         return str(self.description.get("device"))
 
     @property
-    def model(self) -> Any:
-        """The reference model, or (not in memory) a stand-in that carries its config."""
-        if self.real is not None:
-            return getattr(self.real, "model", None)
-        return SimpleNamespace(config=self.config)
+    def model_config(self) -> Any:
+        return self.config
+
+    def attach(self, real: Engine) -> None:
+        """The reference is in memory (again): calls the snapshot lacks are computed by `real`."""
+        self.real = real
+
+    def detach(self) -> None:
+        """The reference leaves memory (a sequential run): what stands for it is kept, calls the snapshot
+        lacks raise ReferenceAbsent from now on."""
+        _ = self.description, self.config
+        self.real = None
+        self.live.clear()
+
+    def mirror(self, on: bool) -> None:
+        """While a `MirrorCandidate` answers from this reference's own outputs (the snapshot being filled):
+        each call's blocks are kept for it, with their full logits; off again, nothing is kept."""
+        self._mirrored = on
+        if not on:
+            self.live.clear()
 
     def describe(self) -> dict[str, Any]:
         return self.real.describe() if self.real is not None else dict(self.description)
@@ -143,7 +159,7 @@ class SnapshotReference(Engine):
             return None
         return got
 
-    def logits(self, input_ids: torch.Tensor) -> Compact:  # type: ignore[override]
+    def logits(self, input_ids: torch.Tensor) -> Compact:
         key = self._key("logits", ids=_ids(input_ids))
         if (got := self._stored(key, [tuple(input_ids.shape)])) is not None:
             self._hit()
@@ -156,7 +172,7 @@ class SnapshotReference(Engine):
         self._computed(t0)
         return self._live("logits", key, [block])[0]
 
-    def logits_pieces(self, input_ids: torch.Tensor, piece: int) -> Iterator[Compact]:  # type: ignore[override]
+    def logits_pieces(self, input_ids: torch.Tensor, piece: int) -> Iterator[Compact]:
         key = self._key("logits_pieces", ids=_ids(input_ids), piece=piece)
         n, t = input_ids.shape
         if (got := self._stored(key, [(n, min(piece, t - s)) for s in range(0, t, piece)])) is not None:
@@ -179,7 +195,7 @@ class SnapshotReference(Engine):
         self.store.put_logits(key, blocks)
         self._computed(t0)
 
-    def answer_logits(self, prompt: list[int], answer: list[int]) -> Compact:  # type: ignore[override]
+    def answer_logits(self, prompt: list[int], answer: list[int]) -> Compact:
         key = self._key("answer_logits", prompt=list(prompt), answer=list(answer))
         if (got := self._stored(key, [(len(answer),)])) is not None:
             self._hit()
@@ -243,7 +259,7 @@ class MirrorCandidate(Engine):
 
     def __init__(self, ref: SnapshotReference) -> None:
         self.ref = ref
-        ref._mirrored = True
+        ref.mirror(True)
 
     @property
     def device(self) -> str:

@@ -44,6 +44,5 @@ def fill_gates(s: Any, shared: Path) -> dict[str, Any]:
                 if result.status == "error":  # the reference itself failed (non-finite logits): say so, stop
                     break
     finally:
-        reference._mirrored = False
-        reference.live.clear()
+        reference.mirror(False)
     return gates

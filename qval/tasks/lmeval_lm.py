@@ -38,6 +38,7 @@ from lm_eval.models.utils import (
 from lm_eval.utils import get_rolling_token_windows, make_disjoint_window
 
 from ..errors import ConfigError, DataError
+from ..logits import cat
 
 MAX_GEN_TOKS = 256  # HFLM's default when a task's generation_kwargs set no max_gen_toks
 
@@ -153,6 +154,8 @@ class EngineLM(TemplateLM):
         """(summed log-probability, greedy) per request. Requests whose model input is the same
         (one-token options after one context: HFLM's logits cache) share one forward."""
         ids = doc_ids or self._doc_ids or [None] * len(requests)
+        if not getattr(self.engine, "full_logits", True):
+            return [self._answer_compact(req, doc_id) for req, doc_id in zip(requests, ids)]
         inputs = [self._input(ctx, cont, doc_id) for (_, ctx, cont), doc_id in zip(requests, ids)]
         groups: dict[tuple[int, ...], list[int]] = {}
         for i, inp in enumerate(inputs):
@@ -172,6 +175,24 @@ class EngineLM(TemplateLM):
                     self.cache_hook.add_partial("loglikelihood", key, answer)
                 out[i] = answer
         return out
+
+    def _answer_compact(self, request: tuple[Any, list[int], list[int]], doc_id: Any) -> tuple[float, bool]:
+        """An engine known by its top K (a served engine): the continuation goes into the input too, so each
+        of its tokens is a next token whose log-probability the engine gives exactly; the rows before it
+        are the same as HFLM's (a causal model's row never sees what follows it)."""
+        key, ctx, cont = request
+        inp = self._input(ctx, cont, doc_id) + cont[-1:]
+        try:
+            block = cat([x[0] for x in self.engine.logits_pieces(torch.tensor([inp]), self._piece)])
+        except Exception as err:  # noqa: BLE001 - the engine's own failure, not lm-eval's
+            raise EngineFailed(f"the {self.who} failed scoring document {doc_id}") from err
+        rows = block[len(inp) - 1 - len(cont) : len(inp) - 1]
+        if not rows.all_finite():
+            raise NonFiniteLogits(self.who, doc_id)
+        answer = (float(rows.next_logp.double().sum()), bool((rows.best == torch.tensor(cont)).all()))
+        if key is not None:
+            self.cache_hook.add_partial("loglikelihood", key, answer)
+        return answer
 
     def loglikelihood(self, requests: list[Any], disable_tqdm: bool = False) -> list[tuple[float, bool]]:
         self._doc_ids = [r.doc_id for r in requests]

@@ -648,6 +648,26 @@ def test_rolling_log_likelihood_and_generate_until_match_hflm(default_model):
         _wrapper(default_model).generate_until(sampled)
 
 
+@pytest.mark.slow
+def test_an_engine_known_by_its_top_k_scores_as_the_full_one(default_model):
+    """A served engine's answers (top K and the actual token): the continuation goes into the input, so
+    every log-likelihood and greedy flag is the full engine's, also for one-token options that HFLM's
+    grouping would score from one shared row."""
+    from lm_eval.api.instance import Instance
+
+    from qval.engines.hf import HFEngine
+
+    from ..engines.topk_engine import TopKEngine
+
+    pairs = [Instance("loglikelihood", {}, (c, x), 0, ("t", i, 1)) for i, (c, x) in enumerate((
+        ("The capital of France is", " Paris"), ("The capital of France is", " Rome"), ("", "Hello there"),
+        ("Two plus two is ", "four"), ("Answer: A or B?", " A"), ("Answer: A or B?", " B")))]
+    full = _wrapper(default_model).loglikelihood(pairs)
+    topk = _wrapper(default_model, engine=TopKEngine(HFEngine(default_model.model, default_model.tokenizer), 5)).loglikelihood(pairs)
+    assert [g for _, g in topk] == [g for _, g in full]
+    assert [ll for ll, _ in topk] == pytest.approx([ll for ll, _ in full], abs=1e-4)
+
+
 from ..gates.test_tasks import _damaged  # noqa: E402 — one damaged layer, the same as gate 4's own test
 
 
