@@ -218,6 +218,11 @@ def summarize(cfg: GateConfig, records: list[dict[str, Any]], seqs: list[dict[st
                            "ref_eos_step": ref_eos[i] if i < len(ref_eos) else None,
                            "cand_eos_step": cand_eos[i] if i < len(cand_eos) else None})
 
+    # the teacher-forced figures are taken over the prompts whose reference continuation does not end
+    # in a loop, when those are at least half (`loop_rule`); else over every prompt, and uninformative
+    rule = loop_rule([h["loop_period"] is not None for h in ref_health])
+    use = rule["natural_prompts"] if rule["informative"] else list(range(n))
+    e_kld, l_kld, e_top1, l_top1 = ([x[i] for i in use] for x in (e_kld, l_kld, e_top1, l_top1))
     ek, lk, et, lt = (mean_estimate(np.array(x)) for x in (e_kld, l_kld, e_top1, l_top1))
     rep_excess = np.array([c["late_seq_rep4"] - r["late_seq_rep4"] for r, c in zip(ref_health, cand_health)])
     nll_excess = np.array(cand_late_nll) - np.array(ref_late_nll)
@@ -246,12 +251,33 @@ def summarize(cfg: GateConfig, records: list[dict[str, Any]], seqs: list[dict[st
                                             if all(k in s["tf"] for s in seqs)}),
                "loop_span": span, "loop_max_period": LOOP_MAX_PERIOD, "windows": series, "per_prompt": per_prompt,
                "ref_loops": ref_loops, "cand_loops": cand_loops, "ref_eos_stops": ref_stops, "cand_eos_stops": cand_stops,
-               "late_positions": edge_positions,
+               "late_positions": edge_positions, "loop_rule": rule,
                "sizing": {"prompts": n,
                           "ref_late_seq_rep4_sigma": _sd([h["late_seq_rep4"] for h in ref_health]),
                           "ref_late_nll_sigma": _sd(ref_late_nll), "ref_loop_rate": ref_loops / n if n else float("nan"),
                           "ref_eos_rate": ref_stops / n if n else float("nan")}}
     return GateResult("longgen", "ok", measurements, details, seconds=seconds)
+
+
+def loop_rule(ref_loops: list[bool]) -> dict[str, Any]:
+    """Whether gate 3's teacher-forced checks (late top-1, late KLD, drift) can see damage here. A
+    continuation that ends in a loop is predicted late on by copying the loop, which any candidate
+    that kept induction does: a near-perfect late top-1 there is no evidence. Those checks are judged
+    on the prompts whose reference continuation does not end in a loop when those are at least half
+    of the prompts; otherwise they are uninformative, stated beside the verdict, and the decision
+    rests on the checks that read natural text or the candidate's own text (gate 1 and gate 1 at
+    depth, judge NLL, seq-rep-4, loops).
+
+    >>> loop_rule([True, False, True, True])["informative"], loop_rule([True, False, False, True])["natural_prompts"]
+    (False, [1, 2])
+    """
+    natural = [i for i, looped in enumerate(ref_loops) if not looped]
+    informative = bool(natural) and 2 * len(natural) >= len(ref_loops)
+    why = None if informative else (
+        f"the reference's own continuation ends in a loop on {len(ref_loops) - len(natural)} of {len(ref_loops)} prompts: "
+        "late positions of a loop are predicted by copying it, so late top-1 / KLD / drift cannot see damage there "
+        "(the decision rests on the checks against natural text and on the candidate's own text)")
+    return {"looping_prompts": len(ref_loops) - len(natural), "natural_prompts": natural, "informative": informative, "why": why}
 
 
 def _sd(x: list[float]) -> float:
@@ -323,7 +349,11 @@ def thresholds(cfg: GateConfig, result: GateResult | None) -> list[Threshold]:
             else:
                 out.append(Threshold("longgen", m.key, m.op, float("nan"), m.label, "sized"))
         else:
-            out.append(Threshold("longgen", m.key, m.op, float(limit), m.label, on=m.on))
+            rule = (result.details.get("loop_rule") or {}) if usable else {}  # type: ignore[union-attr]
+            teacher_forced = m.on != "value"  # late top-1, late KLD, drift: figures on the reference's continuation
+            ok = not teacher_forced or rule.get("informative", True)
+            out.append(Threshold("longgen", m.key, m.op, float(limit), m.label, on=m.on, informative=ok,
+                                 why_uninformative=None if ok else rule.get("why")))
     return out
 
 

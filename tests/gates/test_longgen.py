@@ -240,3 +240,48 @@ def test_a_noisier_candidate_never_gets_a_looser_limit() -> None:
                 assert slack[k] <= slack_before[k] + 1e-12, (k, noise)
         limits_before, slack_before = limits, slack
     assert LOW < 0 < HIGH  # the fake model's logits have the shape the closed forms assume
+
+
+def loops_after(last_tokens: tuple[int, ...], walker=walk):  # noqa: ANN001, ANN201
+    """A model whose continuation of a prompt ending in one of `last_tokens` is the loop 61 62 61 …
+    (from the first new token on); other prompts continue by `walker`."""
+    def rule(token: int, pos: int) -> int:
+        if token in (61, 62):
+            return 62 if token == 61 else 61
+        if pos == P - 1 and token in last_tokens:
+            return 61
+        return walker(token, pos)
+    return rule
+
+
+# the prompts' last tokens (FakeTokenizer): "h" 44, "p" 52, "x" 0
+def test_late_checks_are_judged_on_the_prompts_whose_reference_does_not_loop(tmp_path: Path) -> None:
+    """One prompt of three loops in the reference (and the candidate copies the loop exactly); on the
+    other two the candidate collapses late. The late figures are the two natural prompts' own."""
+    start = P - 1 + 24
+    ref, cand = FakeEngine(loops_after((44,))), FakeEngine(loops_after((44,), collapse_after(start)))
+    r = run(make_ctx(tmp_path, cand, ref))
+    assert r.status == "ok", r.error
+    assert r.details["loop_rule"] == {"looping_prompts": 1, "natural_prompts": [1, 2], "informative": True, "why": None}
+    assert r.measurements["late_top1"].value == 0.0 and r.measurements["late_top1"].n == 2  # not 1/3 with the loop's
+    cfg = make_ctx(tmp_path, FakeEngine(walk), min_late_top1=0.9, max_late_drift=0.5).config
+    v = decide({"longgen": r}, thresholds(cfg, r))
+    assert {c.metric for c in v.failures} >= {"late_top1", "late_drift"}
+
+
+def test_late_checks_on_a_mostly_looping_reference_are_uninformative(tmp_path: Path) -> None:
+    """Two prompts of three loop in the reference: the teacher-forced checks cannot see damage and say
+    so beside the verdict; the decision rests on the others (here the candidate's collapse on the
+    natural prompt fails seq-rep-4; the judge does not see it: this reference also continues 61 62 61 …)."""
+    start = P - 1 + 24
+    ref, cand = FakeEngine(loops_after((44, 52))), FakeEngine(loops_after((44, 52), collapse_after(start)))
+    r = run(make_ctx(tmp_path, cand, ref))
+    assert r.details["loop_rule"]["informative"] is False and r.details["loop_rule"]["looping_prompts"] == 2
+    assert r.measurements["late_top1"].value == pytest.approx(2 / 3)  # every prompt, for the record
+    cfg = make_ctx(tmp_path, FakeEngine(walk), min_late_top1=0.9, max_late_drift=0.5, max_seq_rep4_excess=0.2,
+                   max_judge_nll_excess=1.0).config
+    v = decide({"longgen": r}, thresholds(cfg, r))
+    by = {c.metric: c for c in v.checks}
+    assert by["late_top1"].outcome == by["late_drift"].outcome == "uninformative"
+    assert "ends in a loop on 2 of 3 prompts" in by["late_top1"].reason
+    assert not v.approved and "seq_rep4_excess" in {c.metric for c in v.failures}
