@@ -17,6 +17,9 @@ once per worker process; the shipped variant runs first, alone, and fills the re
 that every later run reads back. After each run DIR/error_rates.json and DIR/error_rates.md are
 rewritten (benchmarks/error_rates_tables.py), so a run cut off by --deadline (no run starts after
 it; runs in flight finish unless --hard-deadline passes) still leaves its tables.
+
+The GPU-against-CPU variant is the same variants run with `--device cpu` and `--device cuda` (float32
+both) into two folders; their error_rates.json hold every check's figure per variant to compare.
 """
 
 from __future__ import annotations

@@ -153,7 +153,8 @@ def stated_rates(t: Threshold, est: Estimate | None) -> tuple[float | None, floa
     if se is None and est.lo is not None and est.hi is not None:
         se = (est.hi - est.lo) / (2 * 1.959963984540054)  # an interval without a standard error: as if normal, 95 %
     r = absolute_rates(t.op, t.limit, t.on, reference_level(row), est.value, bound, se)
-    return r.size, t.detectable if t.detectable is not None else r.detectable, r.basis
+    basis = r.basis if est.stderr is not None else r.basis + " (read from an interval without one, as if 95 % normal: approximate)"
+    return r.size, t.detectable if t.detectable is not None else r.detectable, basis
 
 
 def _check(t: Threshold, result: GateResult | None) -> Check:

@@ -88,7 +88,7 @@ def test_every_shipped_bound_limit_was_sized(sizes: dict[tuple[str, str], float]
 
 
 def test_sizes_that_hold_today(sizes: dict[tuple[str, str], float]) -> None:
-    """The figures quoted in benchmarks/RESULTS.md §16, to three decimals."""
+    """The figures quoted in benchmarks/RESULTS.md ("The verdict's own error rates"), to three decimals."""
     assert round(sizes[("fp8_kvfp16", "longgen/late_top1")], 2) == 0.32
     assert round(sizes[("fp8_kvfp16", "longgen/late_drift")], 3) == 0.014
     assert round(sizes[("fp8_kvfp16", "retrieval/drop@256")], 3) == 0.023

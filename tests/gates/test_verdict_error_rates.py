@@ -7,7 +7,7 @@ fifth of its positions predicting a wrong token, a generation that goes off the 
 at least 19 of 20.
 
 The fake reaches gates 1 and 3 only (the others read natural text through a real tokenizer); the
-real model's rates are measured by benchmarks/error_rates.py (benchmarks/RESULTS.md §12).
+real model's rates are measured by benchmarks/error_rates.py (benchmarks/RESULTS.md, "The verdict's own error rates").
 """
 
 from __future__ import annotations
