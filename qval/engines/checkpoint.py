@@ -22,6 +22,7 @@ from ..io import read_text_utf8, tree_fingerprint
 from ..models import check_weights
 from .base import BuildContext
 from .hf import HFEngine
+from .runtime import Runtime, option
 
 #: covers letters, digits, punctuation, whitespace runs, non-Latin scripts and an emoji
 PROBE = "Quantized checkpoints must tokenize alike: 3.14159, naïve café, 東京, Привет, def f(x):\n\treturn x**2  🙂"
@@ -31,8 +32,8 @@ TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json", "tokenizer
 class CheckpointEngine(HFEngine):
     backend = "checkpoint"
 
-    def __init__(self, model: Any, tokenizer: Any, notes: list[str], facts: dict[str, Any]) -> None:
-        super().__init__(model, tokenizer, notes=notes)
+    def __init__(self, model: Any, tokenizer: Any, notes: list[str], facts: dict[str, Any], runtime: Runtime = "qval") -> None:
+        super().__init__(model, tokenizer, notes=notes, runtime=runtime)
         self.facts = facts
 
     def describe(self) -> dict[str, Any]:
@@ -128,7 +129,8 @@ def build_checkpoint(ctx: BuildContext) -> CheckpointEngine:
         model.to(ctx.reference.device).eval().requires_grad_(False)
         notes.append("loaded by transformers as stored (no hf_quant_config.json: not a ModelOpt export)")
     facts["parameters"] = sum(p.numel() for p in model.parameters())
-    return CheckpointEngine(model, tokenizer, notes=[f"candidate checkpoint {folder}, not calibrated by qval", *notes], facts=facts)
+    return CheckpointEngine(model, tokenizer, notes=[f"candidate checkpoint {folder}, not calibrated by qval", *notes], facts=facts,
+                            runtime=option(ctx.config.engine))
 
 
 build_checkpoint.identity = identity  # type: ignore[attr-defined]

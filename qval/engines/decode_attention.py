@@ -1,34 +1,34 @@
-"""Attention for the static decoder's steps: only the filled part of the cache, GQA without copies.
+"""The runtime's attention: transformers' sdpa, with two copies of the KV cache left out.
 
-transformers' sdpa attention, given the static cache and a mask, (1) attends over every slot of
-the cache, filled or not (a 2,048-token generation from a short prompt reads the whole 2,176-slot
-cache at its first step as at its last), and (2) with a mask it cannot use sdpa's `enable_gqa`,
-so it materialises the K/V heads repeated for every query head of their group (×4 on an 8B Llama:
-each step writes and reads four copies of the cache). Together they are the cache traffic of a
-decode step at batch 8 and long context, several times its weights' (RESULTS.md §14).
+`attention` is registered in transformers' attention and mask registries under qval's own name
+(`NAME`, through transformers' public `AttentionInterface.register`; no entry of transformers' is
+replaced) and `install` sets it on one model instance — the engine's, which qval loaded or copied —
+with the model's public `set_attn_implementation`. `uninstall` puts transformers' sdpa back. No
+other model and no function of transformers' changes. It computes what transformers' sdpa computes:
 
-`attention` is registered with transformers' `AttentionInterface` under `NAME`; `StaticDecoder`
-switches a model to it only while it decodes (`active`), with `length` the cache slots the step
-can see, rounded up to a bucket (one CUDA graph per bucket). For a one-token query it slices the
-cache and the mask to `length` (views, no copy) and folds each K/V head's query group into the
-query-length axis — [B, H_kv·G, 1, D] → [B, H_kv, G, D] — so one sdpa call reads each K/V head
-once; its output is unfolded back. Anything else (the prefill, a model without GQA, a position
-bias) goes to transformers' own sdpa unchanged. The result is the same attention: the slots cut
-off are masked out (weight exactly 0) and the query heads keep their K/V head; the kernels'
-reduction order over a shorter axis and the batched query heads can differ in the last bit, which
-is why `benchmarks/h200_decode.py` compares the greedy tokens with the plain path's.
+- On a CPU, with a mask (every left-padded batch, every piece read through the KV cache), sdpa reads
+  grouped-query K/V as they are (`enable_gqa`) instead of copies repeated for every query head of
+  their group. transformers does this only without a mask, because on CUDA a mask sends GQA to the
+  slow math kernel; the CPU kernel has no such limit. The same logits, bit for bit
+  (tests/engines/test_runtime.py), without a per-step copy of the whole cache.
+- In a static decode step (`StaticDecoder`, which passes a `StepAttention` as the keyword `STEP`)
+  a one-token query attends over the step's `length` cache slots only (the filled ones, rounded up
+  to a bucket; one CUDA graph per bucket), not over every slot of the cache, and each K/V head's
+  query group is folded into the query-length axis — [B, H_kv·G, 1, D] → [B, H_kv, G, D] — so one
+  sdpa call reads each K/V head once. The slots cut off are masked out (weight exactly 0); the
+  kernels' order of sums over a shorter axis can differ in the last bit. On a GPU (CUDA, Triton,
+  bfloat16/float16) the step goes to decode_kernel.py's split-KV kernel instead: with a mask, sdpa
+  has only its memory-efficient kernel in deterministic mode (the gate's), slower than the bytes it
+  reads as the context grows. A kernel that cannot compile or launch here is recorded in the
+  runtime's `failures` and sdpa runs from then on.
 
-On a GPU (CUDA, Triton, bfloat16/float16) the one-token step goes to decode_kernel.py's split-KV
-kernel instead of sdpa: with a mask sdpa has only its memory-efficient kernel in deterministic mode
-(the gate's), slower than the bytes it reads as the context grows. A kernel that cannot compile or
-launch here is recorded in `failures()` (an engine note) and sdpa runs from then on.
+Anything else (the GPU's masked calls outside a step, a position bias, an additive mask) goes to
+transformers' own `sdpa_attention_forward` unchanged.
 """
 
 from __future__ import annotations
 
-import threading
-from collections.abc import Iterator
-from contextlib import contextmanager
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -36,66 +36,93 @@ import torch.nn.functional as F
 
 from . import decode_kernel
 
-NAME = "qval_static_decode"
-use_kernel = True  # on a GPU, decode_kernel.py's split-KV kernel (benchmarks switch it off to measure sdpa)
-_failed: dict[str, str] = {}  # "kernel" -> why decode_kernel.py could not run here (sdpa since)
-_state = threading.local()  # .length: the slots the current step attends over (None: not decoding)
-_registered = False
+NAME = "qval_sdpa"  # the attention implementation of a model the runtime runs (transformers' "sdpa" otherwise)
+BASE = "sdpa"  # the implementation it stands in for
+STEP = "qval_step"  # keyword of a static decode step's forward: its StepAttention
+
+
+@dataclass
+class StepAttention:
+    """What a static decode step's attention needs: the cache slots it attends over, whether it
+    may take decode_kernel.py's kernel, and where to record why that kernel could not run."""
+
+    length: int
+    split_kv: bool = True
+    failures: dict[str, str] = field(default_factory=dict)
+
+
+def _why(err: Exception) -> str:
+    return f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}"[:300]
+
+
+def _step(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+          attention_mask: torch.Tensor | None, scaling: float | None, step: StepAttention, **kwargs: Any) -> torch.Tensor | None:
+    """A one-token step over the first `step.length` slots; None where it does not apply."""
+    b, hq, q_len, d = query.shape
+    hkv = key.shape[1]
+    if (q_len != 1 or hq % hkv or kwargs.get("position_bias") is not None
+            or (attention_mask is not None and attention_mask.dtype != torch.bool)):
+        return None
+    length = min(step.length, key.shape[2])
+    if (step.split_kv and "split_kv" not in step.failures and not kwargs.get("sliding_window") and not kwargs.get("softcap")
+            and decode_kernel.usable(query, key, attention_mask)):
+        try:
+            return decode_kernel.attend(query, key, value, attention_mask, length, scaling if scaling is not None else d ** -0.5)
+        except Exception as err:  # noqa: BLE001 - a Triton that cannot compile or launch here: sdpa from now on
+            if query.is_cuda and torch.cuda.is_current_stream_capturing():
+                raise  # never inside a graph capture (the decoder's warm-up step launches it first)
+            step.failures["split_kv"] = _why(err)
+    k, v = key[:, :, :length], value[:, :, :length]
+    mask = attention_mask[..., :length] if attention_mask is not None else None  # [B, 1, 1, L]: broadcast over the group
+    q = query.reshape(b, hkv, hq // hkv, d)  # head h = kv·G + g, as transformers' repeat_kv lays them out
+    out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=0.0, scale=scaling)
+    return out.reshape(b, hq, 1, d).transpose(1, 2).contiguous()
 
 
 def attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
               attention_mask: torch.Tensor | None, dropout: float = 0.0, scaling: float | None = None,
               **kwargs: Any) -> tuple[torch.Tensor, None]:
+    """transformers' attention-function signature: [B, H, Lq, D] query, [B, H_kv, L, D] key/value
+    in; [B, Lq, H, D] out."""
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
-    length = getattr(_state, "length", None)
-    b, hq, q_len, d = query.shape
-    hkv = key.shape[1]
-    if (length is None or q_len != 1 or hq % hkv or kwargs.get("position_bias") is not None
-            or (attention_mask is not None and attention_mask.dtype != torch.bool)):
-        return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs)
-    length = min(length, key.shape[2])
-    if (use_kernel and "kernel" not in _failed and not kwargs.get("sliding_window") and not kwargs.get("softcap")
-            and decode_kernel.usable(query, key, attention_mask)):
-        try:
-            return decode_kernel.attend(query, key, value, attention_mask, length,
-                                        scaling if scaling is not None else d ** -0.5), None
-        except Exception as err:  # noqa: BLE001 - a Triton that cannot compile or launch here: sdpa from now on
-            if query.is_cuda and torch.cuda.is_current_stream_capturing():
-                raise  # never inside a graph capture (the decoder's warm-up step launches it first)
-            _failed["kernel"] = f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}"[:300]
-    k, v = key[:, :, :length], value[:, :, :length]
-    mask = attention_mask[..., :length] if attention_mask is not None else None  # [B, 1, 1, L]: broadcast over the group
-    q = query.reshape(b, hkv, hq // hkv, d)  # head h = kv·G + g, as transformers' repeat_kv lays them out
-    out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=0.0, scale=scaling)
-    return out.reshape(b, hq, 1, d).transpose(1, 2).contiguous(), None
+    step = kwargs.pop(STEP, None)
+    if step is not None and (out := _step(module, query, key, value, attention_mask, scaling, step, **kwargs)) is not None:
+        return out, None
+    groups = getattr(module, "num_key_value_groups", 1)
+    if (key.device.type == "cpu" and attention_mask is not None and groups > 1 and key.shape[-1] == value.shape[-1]
+            and kwargs.get("position_bias") is None):
+        # sdpa_attention_forward's own call when it may use GQA (with a mask: never causal, nothing cropped)
+        out = F.scaled_dot_product_attention(query, key, value, attn_mask=attention_mask, dropout_p=dropout, scale=scaling,
+                                             is_causal=False, enable_gqa=True)
+        return out.transpose(1, 2).contiguous(), None
+    return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs)
 
 
-def failures() -> dict[str, str]:
-    """Why the split-KV kernel could not run here (empty: it ran, or was never asked)."""
-    return dict(_failed)
+def _register() -> None:
+    """`attention` under NAME, and sdpa's mask function under NAME (transformers builds a model's
+    masks by its implementation's name). Adds qval's name; replaces nothing; idempotent."""
+    from transformers import AttentionInterface
+    from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, AttentionMaskInterface
+    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
-
-def supported(model: torch.nn.Module) -> bool:
-    """Whether `active` changes anything for this model: its attention is sdpa (boolean masks)."""
-    return getattr(model.config, "_attn_implementation", None) == "sdpa"
-
-
-@contextmanager
-def active(model: torch.nn.Module, length: int) -> Iterator[None]:
-    """Within: the model's attention is `attention`, over the first `length` cache slots."""
-    global _registered
-    if not _registered:
-        from transformers import AttentionInterface
-
+    if NAME not in ALL_ATTENTION_FUNCTIONS:
         AttentionInterface.register(NAME, attention)
-        _registered = True
-    cfg = model.config
-    before = cfg._attn_implementation
-    cfg._attn_implementation = NAME
-    _state.length = int(length)
-    try:
-        yield
-    finally:
-        cfg._attn_implementation = before
-        _state.length = None
+    if NAME not in ALL_MASK_ATTENTION_FUNCTIONS:
+        AttentionMaskInterface.register(NAME, ALL_MASK_ATTENTION_FUNCTIONS[BASE])
+
+
+def install(model: torch.nn.Module) -> bool:
+    """The runtime's attention on this model instance, if its attention is transformers' sdpa
+    (or already this one); whether it is."""
+    impl = getattr(model.config, "_attn_implementation", None)
+    if impl == BASE and hasattr(model, "set_attn_implementation"):
+        _register()
+        model.set_attn_implementation(NAME)
+    return getattr(model.config, "_attn_implementation", None) == NAME
+
+
+def uninstall(model: torch.nn.Module) -> None:
+    """transformers' sdpa back on a model that runs this attention (e.g. a copy of one that did)."""
+    if getattr(model.config, "_attn_implementation", None) == NAME:
+        model.set_attn_implementation(BASE)

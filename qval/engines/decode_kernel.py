@@ -25,14 +25,12 @@ decode_attention.py keeps sdpa otherwise.
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import torch
 
 from . import gemv
-
-_kernels: dict[str, Any] = {}
-_missing: list[str] = []
 
 # (slots per inner step of a piece, warps, stages): the best of 19 on the H200 at batch 8 × 2,048 slots and
 # batch 1 × 256 (benchmarks/decode_kernel.py, RESULTS §14.4; within 4 % of each case's best but batch 1 × 2,048)
@@ -41,11 +39,11 @@ GROUP_ROWS = 16  # a query group padded to one tensor-core tile of rows
 TARGET_PROGRAMS = 264  # pieces × rows × K/V heads aimed at: two per SM of the H200 (132)
 
 
-def _load() -> bool:
-    if _kernels or _missing:
-        return bool(_kernels)
-    if (mods := gemv.triton_or_why(_missing)) is None:
-        return False
+@functools.cache
+def _compiled() -> dict[str, Any] | str:
+    """The kernels (defined once: code, not state), or why Triton cannot be used here."""
+    if isinstance(mods := gemv.triton_or_why(), str):
+        return mods
     triton, tl = mods
 
     @triton.jit
@@ -108,8 +106,12 @@ def _load() -> bool:
         tl.store(out_ptr + b.to(tl.int64) * so_b + (h * G + g)[:, None] * so_h + d[None, :],
                  res.to(out_ptr.dtype.element_ty), mask=(g < G)[:, None])
 
-    _kernels.update(piece=attn_piece_kernel, combine=attn_combine_kernel, cdiv=triton.cdiv)
-    return True
+    return dict(piece=attn_piece_kernel, combine=attn_combine_kernel, cdiv=triton.cdiv)
+
+
+def _load() -> bool:
+    """Whether the kernels can run here (`missing` says why not)."""
+    return not isinstance(_compiled(), str)
 
 
 def splits(rows: int, kv_heads: int, length: int, block: int) -> int:
@@ -144,21 +146,23 @@ def attend(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mask: to
     b, hq, _, d = query.shape
     hkv = key.shape[1]
     g = hq // hkv
-    cdiv = _kernels["cdiv"]
+    cdiv = _compiled()["cdiv"]
     chunk = cdiv(cdiv(length, splits(b, hkv, length, block)), block) * block  # slots per piece, whole inner steps
     n = cdiv(length, chunk)
     parts = torch.empty(b * hkv * n * GROUP_ROWS * d, dtype=torch.float32, device=query.device)
     ml = torch.empty(b * hkv * n * 2 * GROUP_ROWS, dtype=torch.float32, device=query.device)
     out = torch.empty(b, 1, hq, d, dtype=query.dtype, device=query.device)
     m8 = mask.view(torch.uint8)
-    _kernels["piece"][(b * hkv, n)](query, key, value, m8, parts, ml, length, chunk, float(scale), hkv, n,
+    _compiled()["piece"][(b * hkv, n)](query, key, value, m8, parts, ml, length, chunk, float(scale), hkv, n,
                                     query.stride(0), query.stride(1), key.stride(0), key.stride(1), key.stride(2),
                                     value.stride(0), value.stride(1), value.stride(2), m8.stride(0),
                                     G=g, GP=GROUP_ROWS, D=d, BLOCK=block, num_warps=warps, num_stages=stages)
-    _kernels["combine"][(b * hkv,)](parts, ml, out, n, hkv, out.stride(0), out.stride(2),
+    _compiled()["combine"][(b * hkv,)](parts, ml, out, n, hkv, out.stride(0), out.stride(2),
                                     G=g, GP=GROUP_ROWS, D=d, num_warps=4)
     return out
 
 
 def missing() -> str | None:
-    return _missing[0] if _missing else None
+    """Why Triton cannot be used here (None: it can)."""
+    k = _compiled()
+    return k if isinstance(k, str) else None

@@ -17,14 +17,16 @@ from ..export.formats import check_exportable
 from ..export.reader import load_unified
 from .base import BuildContext
 from .hf import HFEngine
-from .registry import ExportOptions
+from .registry import BACKENDS
+from .runtime import Runtime, option
 
 
 class ExportEngine(HFEngine):
     backend = "export"
 
-    def __init__(self, model: Any, tokenizer: Any, build: BuildResult, facts: dict[str, Any], notes: list[str]) -> None:
-        super().__init__(model, tokenizer, notes=notes)
+    def __init__(self, model: Any, tokenizer: Any, build: BuildResult, facts: dict[str, Any], notes: list[str],
+                 runtime: Runtime = "qval") -> None:
+        super().__init__(model, tokenizer, notes=notes, runtime=runtime)
         self.build = build
         self.facts = facts
 
@@ -53,11 +55,11 @@ def load_export(ctx: BuildContext, build: BuildResult) -> ExportEngine:
     if changed:
         notes.append(f"ModelOpt's export re-smoothed {len(changed)} shared-input layers: the export differs from the "
                      f"calibrated fake-quant model there, and these gates measure the export")
-    return ExportEngine(model, ctx.reference.tokenizer, build, facts, notes)
+    return ExportEngine(model, ctx.reference.tokenizer, build, facts, notes, runtime=option(ctx.config.engine))
 
 
 def build_export_engine(ctx: BuildContext) -> ExportEngine:
-    options = ExportOptions.model_validate(ctx.config.engine.options)
+    options = BACKENDS.get("export").options_model.model_validate(ctx.config.engine.options)  # ExportOptions (+ the runtime)
     build = build_export(ctx.config, ctx.reference, ctx.calib_state, ctx.run_dir, options, ctx.log)
     return load_export(ctx, build)
 

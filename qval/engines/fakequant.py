@@ -5,7 +5,8 @@ then folded (quantized once, in place, and their quantizers switched off): the l
 bit-identical to quantizing them on every forward, and decoding is ~30 % faster on CPU.
 Activations and the KV cache are still quantized on every forward, as the deployment would.
 FP8 linears then run a lean forward with ModelOpt's own arithmetic (`leanfp8.py`; on a GPU one fused
-kernel per linear), checked bit-identical when the engine is built.
+kernel per linear), checked bit-identical when the engine is built: part of qval's decode runtime, so
+with `engine.options.runtime: transformers` they run ModelOpt's own forward.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from ..quantize.modelopt_adapter import fold_weights, restore_state
 from . import leanfp8
 from .base import BuildContext
 from .hf import HFEngine, probe_ids
+from .runtime import option
 
 
 class FakeQuantEngine(HFEngine):
@@ -26,18 +28,19 @@ def build_fakequant(ctx: BuildContext) -> FakeQuantEngine:
     model = ctx.reference_weights()
     notes = ["simulated quantization (ModelOpt fake quant): quantize-dequantize in high precision"]
     quantized = ctx.config.quant.spec.quantizes
+    runtime = option(ctx.config.engine)
     if quantized:
         if ctx.calib_state is None:
             raise RuntimeError("fakequant needs a calibrated state; the calibrate stage did not run")
         model = restore_state(model, ctx.calib_state)
         fold_weights(model)
         gpu = ctx.reference.device.startswith("cuda")
-        if gpu or ctx.reference.device.startswith("cpu"):
+        if runtime == "qval" and (gpu or ctx.reference.device.startswith("cpu")):
             model.eval()
             count, why = leanfp8.install(model, probe_ids(model, 48), gpu=gpu)
             notes += leanfp8.describe(count, gpu) + ([why] if why else [])
     model.eval()
-    engine = FakeQuantEngine(model, ctx.reference.tokenizer, notes=notes)
+    engine = FakeQuantEngine(model, ctx.reference.tokenizer, notes=notes, runtime=runtime)
     if quantized:
         engine.prequantize_kv()
     return engine

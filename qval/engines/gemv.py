@@ -30,30 +30,27 @@ candidate, after its input quantizer) call this inside the static decoder's step
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import torch
 
-_kernels: dict[str, Any] = {}
-_missing: list[str] = []  # why Triton cannot be used here (once)
 
-
-def triton_or_why(missing: list[str]) -> tuple[Any, Any] | None:
-    """(triton, triton.language), or None with why appended to `missing` (once per module: its `_load`)."""
+def triton_or_why() -> tuple[Any, Any] | str:
+    """(triton, triton.language), or why they cannot be imported here."""
     try:
         import triton
         import triton.language as tl
     except ImportError as err:
-        missing.append(f"no Triton ({err})")
-        return None
+        return f"no Triton ({err})"
     return triton, tl
 
 
-def _load() -> bool:
-    if _kernels or _missing:
-        return bool(_kernels)
-    if (mods := triton_or_why(_missing)) is None:
-        return False
+@functools.cache
+def _compiled() -> dict[str, Any] | str:
+    """The kernels (defined once: code, not state), or why Triton cannot be used here."""
+    if isinstance(mods := triton_or_why(), str):
+        return mods
     triton, tl = mods
 
     @triton.jit
@@ -152,9 +149,13 @@ def _load() -> bool:
         s = (g / (1.0 + tl.exp(-g))).to(dt).to(tl.float32)
         tl.store(y_ptr + xr[:, None] * n + rows[None, :], (s * u).to(dt), mask=real[:, None] & live[None, :])
 
-    _kernels.update(grouped=grouped_kernel, gate_up=gate_up_kernel, grouped_rows=grouped_rows_kernel,
-                    gate_up_rows=gate_up_rows_kernel, cdiv=triton.cdiv)
-    return True
+    return dict(grouped=grouped_kernel, gate_up=gate_up_kernel, grouped_rows=grouped_rows_kernel,
+                gate_up_rows=gate_up_rows_kernel, cdiv=triton.cdiv)
+
+
+def _load() -> bool:
+    """Whether the kernels can run here (`missing` says why not)."""
+    return not isinstance(_compiled(), str)
 
 
 MAX_ROWS = 16  # input rows the many-row kernels take (one tensor-core tile of rows); more: the caller's product
@@ -225,7 +226,7 @@ def grouped(x: torch.Tensor, weights: list[torch.Tensor],
     k = weights[0].shape[1]
     m = x.numel() // k
     bn, bk, warps, stages = config or block(sum(ns), k, m)  # type: ignore[misc]
-    cdiv = _kernels["cdiv"]
+    cdiv = _compiled()["cdiv"]
     b0 = cdiv(ns[0], bn)
     b1 = b0 + cdiv(ns[1], bn)
     grid = b1 + cdiv(ns[2], bn)
@@ -233,10 +234,10 @@ def grouped(x: torch.Tensor, weights: list[torch.Tensor],
     offs = [(w.data_ptr() - ws[0].data_ptr()) // es for w in ws]
     y = torch.empty(m * sum(ns), dtype=x.dtype, device=x.device)
     if m == 1:
-        _kernels["grouped"][(grid,)](ws[0], x, y, offs[1], offs[2], ns[0], ns[1], ns[2], b0, b1, k,
+        _compiled()["grouped"][(grid,)](ws[0], x, y, offs[1], offs[2], ns[0], ns[1], ns[2], b0, b1, k,
                                      BN=bn, BK=bk, num_warps=warps, num_stages=stages)
     else:
-        _kernels["grouped_rows"][(grid,)](ws[0], x, y, offs[1], offs[2], ns[0], ns[1], ns[2], b0, b1, m, k,
+        _compiled()["grouped_rows"][(grid,)](ws[0], x, y, offs[1], offs[2], ns[0], ns[1], ns[2], b0, b1, m, k,
                                           BM=MAX_ROWS, BN=bn, BK=bk, num_warps=warps, num_stages=stages)
     lead = x.shape[:-1]
     out, start = [], 0
@@ -254,14 +255,16 @@ def gate_up_silu(x: torch.Tensor, gate: torch.Tensor, up: torch.Tensor,
     bn, bk, warps, stages = config or block(2 * n, k, m)  # type: ignore[misc]
     y = torch.empty(m * n, dtype=x.dtype, device=x.device)
     off = (up.data_ptr() - gate.data_ptr()) // gate.element_size()
-    grid = (_kernels["cdiv"](n, bn),)
+    grid = (_compiled()["cdiv"](n, bn),)
     if m == 1:
-        _kernels["gate_up"][grid](gate, off, x, y, n, k, BN=bn, BK=bk, num_warps=warps, num_stages=stages)
+        _compiled()["gate_up"][grid](gate, off, x, y, n, k, BN=bn, BK=bk, num_warps=warps, num_stages=stages)
     else:
-        _kernels["gate_up_rows"][grid](gate, off, x, y, m, n, k, BM=MAX_ROWS, BN=bn, BK=bk, num_warps=warps,
+        _compiled()["gate_up_rows"][grid](gate, off, x, y, m, n, k, BM=MAX_ROWS, BN=bn, BK=bk, num_warps=warps,
                                        num_stages=stages)
     return y.view(*x.shape[:-1], n)
 
 
 def missing() -> str | None:
-    return _missing[0] if _missing else None
+    """Why Triton cannot be used here (None: it can)."""
+    k = _compiled()
+    return k if isinstance(k, str) else None

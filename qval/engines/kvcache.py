@@ -1,20 +1,14 @@
-"""Long-context decoding on CPU without the two hidden copies of transformers' defaults.
+"""The runtime's KV cache: written in place, and a quantized one quantized once per token as it enters.
 
 Measured on this repo's default model (SmolLM2-135M, 30 layers, 3 KV heads of 9 query heads),
 batch 8, one CPU thread, after 1,200 tokens of context: 64 % of a decode step went to
-`torch.cat` in `DynamicLayer.update` (the whole KV cache is copied on every token), and
-`sdpa_attention_forward` copies K and V once more to repeat them for every query head
-(`repeat_kv`) whenever an attention mask is present, which left-padded batches always have.
-Both copies grow with the context, so a 2048-token generation spends most of its time
-copying. Two fixes, each giving bit-identical logits (tests/gates/test_gates_e2e.py):
+`torch.cat` in `DynamicLayer.update` (the whole KV cache is copied on every token). The other
+per-step copy of the cache, sdpa repeating K/V for every query head when a mask is given, is
+decode_attention.py's. `growing_cache()`: a DynamicCache whose layers (qval's own class) keep K/V
+in buffers with spare capacity (doubling), write each new token in place and hand attention a view
+of the filled part: the same logits bit for bit (tests/engines/test_runtime.py).
 
-- `growing_cache()`: a DynamicCache whose layers keep K/V in buffers with spare capacity
-  (doubling), write each new token in place and hand attention a view of the filled part.
-- `cpu_gqa_attention()`: while active, SDPA on CPU takes grouped-query K/V as they are
-  (`enable_gqa=True`) instead of repeated copies. transformers only does this without a mask
-  because on CUDA a mask sends GQA to the slow math kernel; the CPU kernel has no such limit.
-
-A third cost belongs to quantized KV caches: ModelOpt's HF attention plugin fake-quantizes K and V
+Another cost belongs to quantized KV caches: ModelOpt's HF attention plugin fake-quantizes K and V
 *after* the cache update (`_quantized_attention`), i.e. the whole cache again on every decoded
 token, O(context) per step (fp8_kvfp8 candidate, batch 8, 1,024 new tokens on 2 CPU cores: 270 s,
 against 102 s quantized on entry; benchmarks/kv_prequant_cpu.py).
@@ -35,16 +29,16 @@ and 8 × 1,024 tokens in the benchmark).
 
 from __future__ import annotations
 
-import contextlib
-import threading
+import functools
 import types
-from typing import Any, Iterator
+from typing import Any
 
 import torch
 
 from ..quantize.modelopt_adapter import quantizer_state
 
 
+@functools.cache
 def _growing_layer_class() -> type:
     from transformers.cache_utils import DynamicLayer
 
@@ -83,13 +77,10 @@ def _growing_layer_class() -> type:
     return GrowingLayer
 
 
-_LAYER: type | None = None
-
-
-_PREQUANT_CACHE: type | None = None
 PREQUANTIZED = "_qval_kv_prequantized"  # marks K/V tensors a cache hands out already quantized
 
 
+@functools.cache
 def _prequantized_cache_class() -> type:
     from transformers import DynamicCache
 
@@ -107,9 +98,9 @@ def _prequantized_cache_class() -> type:
                 value_states = vq(value_states)
             keys, values = super().update(key_states, value_states, layer_idx, *args, **kwargs)
             if kq is not None:
-                setattr(keys, PREQUANTIZED, True)
+                keys.__dict__[PREQUANTIZED] = True  # the cache's own view, made for this call
             if vq is not None:
-                setattr(values, PREQUANTIZED, True)
+                values.__dict__[PREQUANTIZED] = True
             return keys, values
 
     return PrequantizedKVCache
@@ -117,21 +108,17 @@ def _prequantized_cache_class() -> type:
 
 def growing_cache(kv_quantizers: dict[int, tuple[Any, Any]] | None = None) -> Any:
     """A DynamicCache (what `generate` and a model's forward expect) built of growing layers;
-    with `kv_quantizers` (from `install_prequantized_kv`) it stores K/V quantized on entry."""
-    global _LAYER, _PREQUANT_CACHE
+    with `kv_quantizers` (from `install_prequantized_kv`) it stores K/V quantized on entry.
+    (The classes are made on first use, so importing this module imports no transformers.)"""
     from transformers import DynamicCache
 
-    if _LAYER is None:
-        _LAYER = _growing_layer_class()
     if kv_quantizers:
-        if _PREQUANT_CACHE is None:
-            _PREQUANT_CACHE = _prequantized_cache_class()
-        cache = _PREQUANT_CACHE()
+        cache = _prequantized_cache_class()()
         cache.qval_quantizers = kv_quantizers
     else:
         cache = DynamicCache()
-    # an empty DynamicCache adds one layer of this class per decoder layer on first use
-    cache.layer_class_to_replicate = _LAYER
+    # an empty DynamicCache adds one layer of this class per decoder layer on first use (this cache's attribute)
+    cache.layer_class_to_replicate = _growing_layer_class()
     return cache
 
 
@@ -167,7 +154,7 @@ def _pass_prequantized(self: Any, inputs: Any, *args: Any, **kwargs: Any) -> Any
     return type(self).forward(self, inputs, *args, **kwargs)
 
 
-def install_prequantized_kv(model: torch.nn.Module, probe: torch.Tensor, device: str) -> tuple[dict[int, tuple[Any, Any]], str | None]:
+def install_prequantized_kv(model: torch.nn.Module, probe: torch.Tensor) -> tuple[dict[int, tuple[Any, Any]], str | None]:
     """Quantize the KV cache on entry (see the module docstring). Returns the quantizers for
     `growing_cache`, or ({}, why not) after the bit-for-bit check on `probe` (token ids [batch, n]):
     a prefill of n − 12 tokens and 12 single-token steps, through the growing cache (crossing its
@@ -179,7 +166,7 @@ def install_prequantized_kv(model: torch.nn.Module, probe: torch.Tensor, device:
 
     def run(kv: dict[int, tuple[Any, Any]] | None) -> torch.Tensor:
         cache, outs = growing_cache(kv), []
-        with torch.no_grad(), cpu_gqa_attention(device):
+        with torch.no_grad():
             outs.append(model(input_ids=probe[:, :split], past_key_values=cache, use_cache=True).logits[:, -1:])
             for t in range(split, probe.shape[1]):
                 outs.append(model(input_ids=probe[:, t : t + 1], past_key_values=cache, use_cache=True).logits)
@@ -199,37 +186,3 @@ def install_prequantized_kv(model: torch.nn.Module, probe: torch.Tensor, device:
         diff = (before - after).abs().max().item()
         return {}, f"KV quantized on cache entry is not bit-identical to ModelOpt's per-step path (max |Δlogit| {diff:.3g}); kept ModelOpt's"
     return quantizers, None
-
-
-_gqa_lock = threading.Lock()
-_gqa_users = 0
-_gqa_original: Any = None
-
-
-@contextlib.contextmanager
-def cpu_gqa_attention(device: str) -> Iterator[None]:
-    """On CPU, let SDPA read grouped K/V heads directly even when a mask is given. Counted, so
-    two engines decoding side by side (concurrent.py) share one patch: it is installed by the
-    first to enter and removed by the last to leave."""
-    global _gqa_users, _gqa_original
-    if not str(device).startswith("cpu"):
-        yield
-        return
-    import transformers.integrations.sdpa_attention as sdpa
-
-    with _gqa_lock:
-        if _gqa_users == 0:
-            original = _gqa_original = sdpa.use_gqa_in_sdpa
-
-            def cpu_gqa(attention_mask: torch.Tensor | None, key: torch.Tensor, value: torch.Tensor) -> bool:
-                return key.device.type == "cpu" and key.shape[-1] == value.shape[-1] or original(attention_mask, key, value)
-
-            sdpa.use_gqa_in_sdpa = cpu_gqa
-        _gqa_users += 1
-    try:
-        yield
-    finally:
-        with _gqa_lock:
-            _gqa_users -= 1
-            if _gqa_users == 0:
-                sdpa.use_gqa_in_sdpa = _gqa_original

@@ -18,9 +18,11 @@ On a GPU (`install(..., gpu=True)`) the same arithmetic runs as one fused kernel
 (the decode step is a CUDA graph) but each of ModelOpt's dozen small ops is still a kernel launch
 on the device, ×7 linears × every layer, every step (an 8B FP8 candidate decoded at batch 8 in
 14.5 ms per step against the reference's 8.4: RESULTS.md §14). Inside the static decoder's step the
-product after it is gemv.py's kernel, as the reference's plain linears' are there (fused_step.py), and
-q/k/v (gate/up) whose input scales are bit-equal share one quantized input and one launch (`_group`:
-the three quantizers would give the same tensor; RESULTS.md §14.4).
+product after it is gemv.py's kernel, as the reference's plain linears' are there (fused_step.py reads
+the forward's `lean` operands), and q/k/v (gate/up) whose input scales are bit-equal share one
+quantized input and one launch (`_group`: the three quantizers would give the same tensor; RESULTS.md
+§14.4). Part of qval's decode runtime (runtime.py): the fakequant builder installs it only when the
+engine's runtime is on.
 """
 
 from __future__ import annotations
@@ -74,18 +76,6 @@ def _lean(m: torch.nn.Module, fused: Any = None) -> Any:
             return original(x)
         if x.device.type != "cpu" and (fused is None or x.device != scale.device):
             return original(x)
-        if bias is None and fused_step.is_on():
-            # inside the static decoder's step: gemv.py's kernels, as the reference's plain linears there;
-            # q/k/v behind one quantizer when their scales are equal (`_group`): one launch, k and v kept
-            kept = fused_step.take(m, x)
-            if kept is not None:
-                return kept
-            qx = quant(x)
-            group = m.__dict__.get(QKV)
-            out = fused_step.group_product(x, qx, list(group[2:]), group[:2]) if group is not None else None
-            if out is None:
-                out = fused_step.group_product(x, qx, [weight])
-            return F.linear(qx, weight, bias) if out is None else out
         return F.linear(quant(x), weight, bias)
 
     forward.modelopt_forward = original  # type: ignore[attr-defined]
@@ -93,7 +83,7 @@ def _lean(m: torch.nn.Module, fused: Any = None) -> Any:
     return forward
 
 
-QKV = "_qval_lean_qkv"  # on a lean q projection: (k module, v module, q, k, v weights), one scale for the three
+QKV = fused_step.LEAN_QKV  # on a lean q projection: (k module, v module, q, k, v weights), one scale for the three
 GATE_UP = fused_step.LEAN_GATE_UP  # on a lean gate projection: (its quantizer, gate weight, up weight), one scale
 
 

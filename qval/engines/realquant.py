@@ -33,6 +33,7 @@ from ..quantize.modelopt_adapter import compress, quantizer_state, real_quant_we
 from .base import BuildContext
 from .hf import HFEngine
 from .registry import RealQuantOptions  # noqa: F401  (declared with the backend's name; re-exported here)
+from .runtime import option
 
 CPU_GEMM = "qval_cpu_fp8_scaled_mm"
 
@@ -156,7 +157,7 @@ def build_realquant(ctx: BuildContext) -> RealQuantEngine:
                          "(no FP8 hardware)")
         notes.append("CPU: no low-precision GEMM hardware; weights stay stored in low precision and are dequantized per "
                      "forward unless a GEMM is listed below")
-    engine = RealQuantEngine(model, ctx.reference.tokenizer, notes=notes)
+    engine = RealQuantEngine(model, ctx.reference.tokenizer, notes=notes, runtime=option(ctx.config.engine))
     engine.prequantize_kv()
     return engine
 

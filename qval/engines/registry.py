@@ -32,10 +32,23 @@ class TensorRTLLMOptions(ExportOptions):
     max_batch_size: int | None = Field(None, gt=0)  # the LLM API's max_batch_size (None: its default)
 
 
-class RealQuantOptions(BaseModel):
-    """`engine.options` of realquant."""
+class RuntimeOptions(BaseModel):
+    """`engine.options` of every in-process backend: which code runs the candidate's model."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
+
+    #: "qval": qval's decode runtime (qval/engines/runtime.py: its attention, KV cache, lean FP8 forward and, on
+    #: a GPU, the static CUDA-graph decoder; a CPU's figures are transformers' bit for bit); "transformers":
+    #: transformers' and ModelOpt's own code only
+    runtime: Literal["qval", "transformers"] = "qval"
+
+
+class ExportEngineOptions(RuntimeOptions, ExportOptions):
+    """`engine.options` of export: the export's, and the runtime of the read-back model."""
+
+
+class RealQuantOptions(RuntimeOptions):
+    """`engine.options` of realquant."""
 
     #: on a CPU: "emulate" (dequantize the stored FP8 weights, float GEMM) or "scaled_mm"
     #: (torch._scaled_mm with FP8 operands: the GPU's data path, but slow on a CPU)
@@ -124,11 +137,11 @@ class Backend:
 BACKENDS: Registry[Backend] = Registry("engine backend")
 
 for _backend in (
-    Backend("fakequant"),
+    Backend("fakequant", options_model=RuntimeOptions),
     Backend("realquant", options_model=RealQuantOptions),
-    Backend("export", options_model=ExportOptions),
+    Backend("export", options_model=ExportEngineOptions),
     Backend("tensorrt_llm", options_model=TensorRTLLMOptions),
-    Backend("checkpoint", needs_calibration=False),
+    Backend("checkpoint", options_model=RuntimeOptions, needs_calibration=False),
     Backend("served", options_model=ServedOptions, needs_calibration=serves_candidate),
 ):
     BACKENDS.register(_backend.name)(_backend)

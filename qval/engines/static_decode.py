@@ -3,17 +3,23 @@
 One graph per cache-length bucket: a step sees only the cache slots filled so far, rounded up to
 `BUCKET` (decode_attention.py: the filled slots, K/V heads read once per GQA group), so a step's
 attention traffic grows with the context instead of being the whole cache's from the first step.
+Part of qval's decode runtime (runtime.py): it runs only on an engine whose runtime is on.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from contextlib import nullcontext
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from .. import determinism
-from . import decode_attention, fused_step
+from . import decode_attention
+from .fused_step import FusedStep
+
+if TYPE_CHECKING:
+    from .runtime import DecodeRuntime
 
 BUCKET = 256  # cache slots per bucket: one CUDA graph each (a 2,048-token generation: ~9)
 
@@ -29,10 +35,12 @@ class StaticDecoder:
     is what lets a CUDA graph replay it; the decoder, its cache and its graph are reused for
     every batch of the same shape.
 
-    With `filled` (and an sdpa model) a step attends over the first `_length(...)` slots only
-    (the slots it can see, rounded up to `BUCKET`), one graph per length; without, over the
-    whole cache, one graph. With `fused`, a step's RMSNorms, rotary embeddings and SiLU·mul run
-    as compiled kernels (fused_step.py; the prefill stays eager).
+    With `filled` (and the runtime's attention on the model: decode_attention.py) a step attends
+    over the first `_length(...)` slots only (the slots it can see, rounded up to `BUCKET`), one
+    graph per length; without, over the whole cache, one graph. With `fused`, a step's RMSNorms,
+    rotary embeddings and SiLU·mul run as compiled kernels and its products through gemv.py
+    (fused_step.py; the prefill stays eager). `runtime` (the engine's) holds the switches for the
+    Triton kernels and receives what could not run here.
     """
 
     # a step's index writes (the cache's slot, the output's column) go to distinct indices: in
@@ -40,7 +48,8 @@ class StaticDecoder:
     distinct_writes = True
 
     def __init__(self, model: torch.nn.Module, batch: int, max_len: int, new_tokens: int, eos: list[int],
-                 suppress_eos: bool, use_graph: bool, filled: bool = True, fused: bool = False) -> None:
+                 suppress_eos: bool, use_graph: bool, filled: bool = True, fused: bool = False,
+                 runtime: "DecodeRuntime | None" = None) -> None:
         from transformers import StaticCache
 
         self.model, self.batch, self.max_len, self.new_tokens = model, batch, max_len, new_tokens
@@ -62,10 +71,13 @@ class StaticDecoder:
         self.mask = torch.full((batch, 1, 1, max_len), self.hidden, dtype=mask_dtype, device=dev)
         self.out = torch.zeros(batch, new_tokens, dtype=torch.long, device=dev)
         self.bad = torch.zeros(batch, new_tokens, dtype=torch.bool, device=dev)
+        self.failures: dict[str, str] = runtime.failures if runtime is not None else {}
+        self.split_kv = runtime.split_kv if runtime is not None else True
         self.requested_filled = filled
-        self.filled = filled and not self.additive and decode_attention.supported(model)
+        self.filled = filled and model.config._attn_implementation == decode_attention.NAME
         self.requested_fused = fused
-        self.fused = fused_step.install(model) if fused else None  # what was wrapped (None: not fused)
+        self._fused = FusedStep(model, self.failures, runtime.gemv if runtime is not None else True) if fused else None
+        self.fused = self._fused.counts if self._fused is not None else None  # what runs fused (None: not fused)
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}  # by attended length
         self.graph_error: str | None = None
         self.on_step: Callable[[int], None] | None = None  # called on the host after each step with the tokens done (benchmarks)
@@ -93,10 +105,13 @@ class StaticDecoder:
 
     def _step(self, length: int) -> None:
         """One decode step over `length` cache slots, device operations only (the body of a CUDA graph)."""
-        with (decode_attention.active(self.model, length) if self.filled else nullcontext(), fused_step.active(self.fused is not None),
+        step: dict[str, Any] = {}
+        if self.filled:
+            step[decode_attention.STEP] = decode_attention.StepAttention(length, self.split_kv, self.failures)
+        with (self._fused.installed() if self._fused is not None else nullcontext(),
               determinism.distinct_index_writes() if self.distinct_writes and self.device.type == "cuda" else nullcontext()):
             out = self.model(input_ids=self.tok, position_ids=self.pos, cache_position=self.slot, attention_mask=self.mask,
-                             past_key_values=self.cache, use_cache=True)
+                             past_key_values=self.cache, use_cache=True, **step)
             self._emit(out.logits[:, -1, :])
             self.pos.add_(1)
             self.slot.add_(1)

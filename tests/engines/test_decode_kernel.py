@@ -78,9 +78,8 @@ def test_pieces_are_a_function_of_the_shape():
 def test_the_decode_step_takes_the_kernel_and_falls_back_to_sdpa_once_it_fails(monkeypatch):
     """decode_attention.attention hands a one-token step to decode_kernel.attend (the whole mask, the
     attended length, the scale) where `usable` says it can run (a GPU: stand-ins here), and on a
-    failure outside a graph capture records why and gives sdpa's result, then never tries again."""
-    from types import SimpleNamespace
-
+    failure outside a graph capture records why in the step's (the runtime's) failures and gives
+    sdpa's result, then never tries again."""
     import torch
 
     from qval.engines import decode_attention
@@ -91,7 +90,6 @@ def test_the_decode_step_takes_the_kernel_and_falls_back_to_sdpa_once_it_fails(m
     mask = torch.zeros(2, 1, 1, 32, dtype=torch.bool)
     mask[0, ..., :20] = True
     mask[1, ..., 5:20] = True
-    model = SimpleNamespace(config=SimpleNamespace(_attn_implementation="sdpa"))
     module = torch.nn.Module()
     module.is_causal = True
     calls = []
@@ -100,23 +98,23 @@ def test_the_decode_step_takes_the_kernel_and_falls_back_to_sdpa_once_it_fails(m
         calls.append((m is mask, length, scale))
         return torch.full((2, 1, 4, 16), 7.0)
 
-    monkeypatch.setattr(decode_attention, "_failed", {})
+    def attention(step):
+        return decode_attention.attention(module, q, k, v, mask, scaling=0.25, **{decode_attention.STEP: step})[0]
+
     monkeypatch.setattr(decode_kernel, "usable", lambda query, key, m: True)
     monkeypatch.setattr(decode_kernel, "attend", attend)
-    with decode_attention.active(model, 24):
-        got, _ = decode_attention.attention(module, q, k, v, mask, scaling=0.25)
-        assert calls == [(True, 24, 0.25)] and torch.equal(got, torch.full((2, 1, 4, 16), 7.0))
-        monkeypatch.setattr(decode_attention, "use_kernel", False)
-        want, _ = decode_attention.attention(module, q, k, v, mask, scaling=0.25)  # sdpa over the first 24 slots
-        monkeypatch.setattr(decode_attention, "use_kernel", True)
+    failures: dict[str, str] = {}
+    got = attention(decode_attention.StepAttention(24, True, failures))
+    assert calls == [(True, 24, 0.25)] and torch.equal(got, torch.full((2, 1, 4, 16), 7.0))
+    want = attention(decode_attention.StepAttention(24, False, failures))  # switched off: sdpa over the first 24 slots
 
-        def broken(*a):
-            calls.append("broken")
-            raise RuntimeError("ptxas not found\nsecond line")
+    def broken(*a):
+        calls.append("broken")
+        raise RuntimeError("ptxas not found\nsecond line")
 
-        monkeypatch.setattr(decode_kernel, "attend", broken)
-        got, _ = decode_attention.attention(module, q, k, v, mask, scaling=0.25)
-        again, _ = decode_attention.attention(module, q, k, v, mask, scaling=0.25)
+    monkeypatch.setattr(decode_kernel, "attend", broken)
+    got = attention(decode_attention.StepAttention(24, True, failures))
+    again = attention(decode_attention.StepAttention(24, True, failures))
     assert torch.equal(got, want) and torch.equal(again, want)
     assert calls[1:] == ["broken"]  # tried once
-    assert decode_attention.failures() == {"kernel": "RuntimeError: ptxas not found"}
+    assert failures == {"split_kv": "RuntimeError: ptxas not found"}

@@ -1,38 +1,49 @@
-"""The static decoder's fused element-wise step (qval/engines/fused_step.py): it wraps only the code
-it recognises, changes nothing outside a decode step on the decoding thread, computes what the
-eager code computes, and decodes the plain path's greedy tokens on the built-in model."""
+"""The static decoder's fused step (qval/engines/fused_step.py): it takes only the module classes it
+knows, installs on the model instance for one step and leaves nothing behind, computes what the
+eager code computes (the fused functions held to each known class's own forward), and decodes the
+plain path's greedy tokens on the built-in model."""
 
 from __future__ import annotations
-
-import threading
 
 import pytest
 import torch
 
-from qval.engines import fused_step
+from qval.engines import decode_attention, fused_step
+from qval.engines.fused_step import FusedStep
 from qval.engines.hf import HFEngine, StaticDecoder
 from tests.engines import triton_helpers
 
 
-def tiny_llama(act: str = "silu"):
+def tiny_llama(act: str = "silu", attention: str = "sdpa"):
     from transformers import LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(0)
     cfg = LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
                       num_key_value_heads=2, max_position_embeddings=256, eos_token_id=1, pad_token_id=1, bos_token_id=1,
                       hidden_act=act)
-    return LlamaForCausalLM(cfg).eval()
+    model = LlamaForCausalLM(cfg).eval()
+    if attention == decode_attention.NAME:
+        decode_attention.install(model)
+    return model
 
 
-def test_install_wraps_llamas_norms_mlps_and_rotary_and_nothing_else():
-    model = tiny_llama()
-    counts = fused_step.install(model)
-    assert counts == {"rmsnorm": 2 * 2 + 1, "mlp": 2, "rope_modules": 1, "qkv_groups": 2}
-    assert fused_step.install(model) == counts  # idempotent: nothing wrapped twice
-    gelu = tiny_llama(act="gelu")
-    assert fused_step.install(gelu)["mlp"] == 0  # its MLP is not SiLU·mul: left eager
+def eager(monkeypatch):
+    """The fused functions in their eager form (transformers' arithmetic), each call recorded."""
+    calls: list[str] = []
+    monkeypatch.setattr(fused_step, "compiled", lambda name: (lambda *a: (calls.append(name), fused_step.EAGER[name](*a))[1]))
+    return calls
 
-    class OtherNorm(torch.nn.Module):  # an RMSNorm with other arithmetic (Gemma's 1 + weight)
+
+def test_the_plan_takes_llamas_norms_mlps_attention_and_linears_and_nothing_else():
+    model = tiny_llama(attention=decode_attention.NAME)
+    counts = FusedStep(model, {}).counts
+    # rmsnorm: 2 per layer + the final one; rope: Llama's attention (the runtime's attention on the model); linears:
+    # q, k, v, o, gate, up, down per layer and the lm_head
+    assert counts == {"rmsnorm": 2 * 2 + 1, "mlp": 2, "rope": 2, "linears": 7 * 2 + 1, "qkv_groups": 2}
+    assert FusedStep(tiny_llama(act="gelu"), {}).counts["mlp"] == 0  # its MLP is not SiLU·mul: left eager
+    assert FusedStep(tiny_llama(), {}).counts["rope"] == 0  # transformers' own attention: its rotary stays eager
+
+    class OtherNorm(torch.nn.Module):  # an RMSNorm with other arithmetic (Gemma's 1 + weight): an unknown class
         def __init__(self) -> None:
             super().__init__()
             self.weight, self.variance_epsilon = torch.nn.Parameter(torch.zeros(8)), 1e-6
@@ -41,42 +52,66 @@ def test_install_wraps_llamas_norms_mlps_and_rotary_and_nothing_else():
             h = hidden_states.float()
             return (1 + self.weight) * h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.variance_epsilon)
 
-    other = torch.nn.Sequential(OtherNorm())
+    from transformers.models.llama.modeling_llama import LlamaRMSNorm
+
+    class Subclassed(LlamaRMSNorm):  # a subclass (not ModelOpt's wrapper) may change the arithmetic: not taken
+        pass
+
+    other = torch.nn.Sequential(OtherNorm(), Subclassed(8))
     other.config = model.config
-    assert fused_step.install(other)["rmsnorm"] == 0
+    assert FusedStep(other, {}).counts["rmsnorm"] == 0
 
 
-def test_outside_a_decode_step_and_on_other_threads_the_eager_code_runs_bit_for_bit(monkeypatch):
-    model = tiny_llama()
+def test_each_known_class_computes_the_fused_functions_eager_arithmetic():
+    """What replaces source-text recognition: every class in the table, built by transformers, gives
+    on random inputs exactly what the fused function's eager form gives (a transformers upgrade that
+    changes one fails here, naming it)."""
+    from transformers import AutoConfig
+
+    g = torch.Generator().manual_seed(5)
+    x = torch.randn(3, 4, 32, generator=g).to(torch.bfloat16)
+    for cls, kind in fused_step.known_classes().items():
+        family = cls.__module__.rsplit(".", 1)[-1].removeprefix("modeling_")
+        cfg = AutoConfig.for_model(family, hidden_size=32, intermediate_size=64, num_attention_heads=4, num_key_value_heads=2,
+                                   head_dim=8, hidden_act="silu")
+        if kind == "rmsnorm":
+            m = cls(32, eps=1e-5).to(torch.bfloat16)
+            torch.nn.init.normal_(m.weight, generator=g)
+            assert torch.equal(m(x), fused_step.EAGER["rms"](x, m.weight, float(m.variance_epsilon))), cls
+        elif kind == "mlp":
+            m = cls(cfg).to(torch.bfloat16)
+            want = m.down_proj(fused_step.EAGER["silu_mul"](m.gate_proj(x), m.up_proj(x)))
+            assert torch.equal(m(x), want), cls
+
+
+def test_installed_for_a_step_only_and_the_eager_code_runs_bit_for_bit(monkeypatch):
+    model = tiny_llama(attention=decode_attention.NAME)
     ids = torch.randint(2, 64, (2, 9), generator=torch.Generator().manual_seed(1))
+    calls = eager(monkeypatch)
+    step = FusedStep(model, {})
     with torch.no_grad():
         want = model(ids).logits
-        fused_step.install(model)
-        calls = []
-        monkeypatch.setattr(fused_step, "_call", lambda name, eager, *a: (calls.append(name), eager(*a))[1])
-        assert torch.equal(model(ids).logits, want) and calls == []
-        seen: list[bool] = []
-        with fused_step.active():
-            t = threading.Thread(target=lambda: seen.append(torch.equal(model(ids).logits, want)))
-            t.start()
-            t.join()
-            assert calls == []  # the other thread ran transformers' code
+        assert calls == [] and not any("forward" in m.__dict__ for m in model.modules())
+        with step.installed():
             inside = model(ids).logits
-        assert seen == [True]
+            assert sum("forward" in m.__dict__ for m in model.modules()) == sum(step.counts.values()) - step.counts["qkv_groups"]
         assert set(calls) == {"rms", "rope", "silu_mul"}
-        # the eager forms of the fused functions are transformers' arithmetic
-        assert torch.equal(inside, want)
+        assert not any("forward" in m.__dict__ for m in model.modules())  # nothing left on the instance
+        calls.clear()
+        assert torch.equal(model(ids).logits, want) and calls == []
+    assert torch.equal(inside, want)  # the eager forms of the fused functions are transformers' arithmetic
 
 
-def test_a_model_copied_after_install_runs_its_own_weights():
+def test_a_model_copied_during_or_after_a_step_runs_its_own_weights():
     """A candidate is built from a deep copy of the reference, possibly after the reference has
-    decoded through the fused step: the copy must compute with its own modules, fused or not
-    (an instance-bound wrapper would call the original's MLP: the candidate's quantized MLPs
-    skipped, uncalibrated, the reference's run in their place)."""
+    decoded through the fused step: the copy must compute with its own modules (an instance-bound
+    wrapper left on the reference would call the original's MLP in the copy)."""
     import copy
 
     model = tiny_llama()
-    fused_step.install(model)
+    step = FusedStep(model, {})
+    with torch.no_grad(), step.installed():
+        model(torch.tensor([[3, 4]]))
     twin = copy.deepcopy(model)
     with torch.no_grad():
         for p in twin.model.layers[0].mlp.parameters():
@@ -87,7 +122,7 @@ def test_a_model_copied_after_install_runs_its_own_weights():
         want = fresh(ids).logits
         assert not torch.equal(model(ids).logits, want)
         assert torch.equal(twin(ids).logits, want)
-        with fused_step.active():
+        with FusedStep(twin, {}).installed():
             torch.testing.assert_close(twin(ids).logits, want, rtol=1e-5, atol=1e-5)
 
 
@@ -97,14 +132,14 @@ def test_the_compiled_functions_compute_the_eager_arithmetic_bit_for_bit(dtype):
     from), intermediates rounded where eager rounds them: in bfloat16 the eager logits exactly
     (without emulate_precision_casts they differ by up to 2e-3: checked); in float32 within a
     float32 rounding (the RMSNorm's mean sums in another order than ATen's kernel, 7e-7 apart)."""
-    model = tiny_llama().to(dtype)
+    model = tiny_llama(attention=decode_attention.NAME).to(dtype)
     ids = torch.randint(2, 64, (3, 7), generator=torch.Generator().manual_seed(2))
-    fused_step.install(model)
+    failures: dict[str, str] = {}
     with torch.no_grad():
         want = model(ids).logits
-        with fused_step.active():
+        with FusedStep(model, failures).installed():
             got = model(ids).logits
-    assert not fused_step.failures(), fused_step.failures()
+    assert not failures, failures
     if dtype == torch.bfloat16:
         assert torch.equal(got, want)
     else:
@@ -112,21 +147,20 @@ def test_the_compiled_functions_compute_the_eager_arithmetic_bit_for_bit(dtype):
 
 
 def test_a_compiler_that_fails_falls_back_to_eager_and_says_so(monkeypatch):
-    model = tiny_llama()
-    fused_step.install(model)
+    model = tiny_llama(attention=decode_attention.NAME)
 
     def broken(*a, **k):
         raise RuntimeError("no C compiler here\nsecond line")
 
-    monkeypatch.setattr(fused_step, "_compiled", {"rms": broken, "rope": broken, "silu_mul": broken})
-    monkeypatch.setattr(fused_step, "_failed", {})
+    monkeypatch.setattr(fused_step, "compiled", lambda name: broken)
     ids = torch.randint(2, 64, (1, 5), generator=torch.Generator().manual_seed(3))
+    failures: dict[str, str] = {}
     with torch.no_grad():
         want = model(ids).logits
-        with fused_step.active():
+        with FusedStep(model, failures).installed():
             got = model(ids).logits
     assert torch.equal(got, want)
-    assert fused_step.failures() == {k: "RuntimeError: no C compiler here" for k in ("rms", "rope", "silu_mul")}
+    assert failures == {k: "RuntimeError: no C compiler here" for k in ("rms", "rope", "silu_mul")}
 
 
 @pytest.mark.slow
@@ -138,8 +172,8 @@ def test_fused_static_decode_gives_the_plain_paths_greedy_tokens_on_the_real_mod
     fused = HFEngine(default_model.model, tok, decode="static")
     fused.static_fused = True
     got = fused.generate(ids, 16, suppress_eos=True, batch_size=3)
-    assert not fused_step.failures(), fused_step.failures()
-    assert fused.describe()["decode_fused"] == {"rmsnorm": 61, "mlp": 30, "rope_modules": 1, "qkv_groups": 30}
+    assert not fused.runtime.failures, fused.runtime.failures
+    assert fused.describe()["decode_fused"] == {"rmsnorm": 61, "mlp": 30, "rope": 30, "linears": 211, "qkv_groups": 30}
     assert got.tokens == plain.tokens
 
 
@@ -160,8 +194,7 @@ def test_one_row_steps_take_the_gemv_kernels_qkv_in_one_launch(monkeypatch):
 
     from qval.engines import gemv
 
-    model = tiny_llama()
-    fused_step.install(model)
+    model = tiny_llama(attention=decode_attention.NAME)
     launches: list[tuple[int, ...]] = []
 
     grouped, gate_up_silu = triton_helpers.gemv_standins(launches)
@@ -169,27 +202,26 @@ def test_one_row_steps_take_the_gemv_kernels_qkv_in_one_launch(monkeypatch):
     monkeypatch.setattr(gemv, "usable", lambda x, ws: x.numel() == x.shape[-1])
     monkeypatch.setattr(gemv, "grouped", grouped)
     monkeypatch.setattr(gemv, "gate_up_silu", gate_up_silu)
-    monkeypatch.setattr(fused_step, "_call", lambda name, eager, *a: eager(*a))
+    eager(monkeypatch)
+    step = FusedStep(model, {})
     one = torch.tensor([[5]])
     with torch.no_grad():
         want = model(one).logits
         assert launches == []  # outside a step: transformers' products
-        with fused_step.active():
+        with step.installed():
             got = model(one).logits
         # per layer: q/k/v (32 + 16 + 16 rows) in one launch, o, gate/up/SiLU in one, down; then lm_head
         assert launches == [(32, 16, 16), (32,), ("gate_up", 64), (32,)] * 2 + [(64,)]
         assert torch.equal(got, want)
         launches.clear()
-        with fused_step.active():
+        with step.installed():
             model(torch.tensor([[5, 6]]))  # two positions: not a GEMV
         assert launches == []
-        twin = copy.deepcopy(model)
-        for a, b in zip(model.model.layers, twin.model.layers):  # the copy's group is its own modules
-            assert b.self_attn.q_proj._qval_qkv == (b.self_attn.q_proj, b.self_attn.k_proj, b.self_attn.v_proj)
-            assert all(x is not y for x, y in zip(a.self_attn.q_proj._qval_qkv, b.self_attn.q_proj._qval_qkv))
-        with torch.no_grad(), fused_step.active():
+        twin = copy.deepcopy(model)  # a copy plans its own modules
+        with FusedStep(twin, {}).installed():
             torch.nn.init.zeros_(twin.lm_head.weight)
             assert torch.equal(twin(one).logits, torch.zeros_like(want))
+        with step.installed():
             assert torch.equal(model(one).logits, want)
 
 

@@ -169,10 +169,7 @@ def test_decode_attention_equals_transformers_sdpa_over_the_whole_cache(monkeypa
     module.num_key_value_groups, module.is_causal = group, True
     want, _ = sdpa_attention_forward(module, q, k, v, mask, scaling=d ** -0.5)
     monkeypatch.setattr(sdpa_attention, "sdpa_attention_forward", None)  # its own path, not transformers'
-    decode_attention._state.length = 16  # a bucket past the seen slots, short of the cache
-    try:
-        got, _ = decode_attention.attention(module, q, k, v, mask, scaling=d ** -0.5)
-    finally:
-        decode_attention._state.length = None
+    step = decode_attention.StepAttention(16)  # a bucket past the seen slots, short of the cache
+    got, _ = decode_attention.attention(module, q, k, v, mask, scaling=d ** -0.5, **{decode_attention.STEP: step})
     assert got.shape == want.shape == (b, 1, hkv * group, d)
     torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-6)

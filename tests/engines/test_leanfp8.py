@@ -62,7 +62,7 @@ def test_self_check_refuses_a_forward_that_differs(default_model, tmp_path, monk
 
 
 def test_in_the_decode_step_qkv_and_gate_up_share_one_quantized_input_and_one_launch(pair, monkeypatch):
-    """Inside the static decoder's step (fused_step.active) the FP8 candidate's q/k/v, whose input
+    """Inside the static decoder's step (FusedStep.installed) the FP8 candidate's q/k/v, whose input
     scales ModelOpt calibrated on the same input, run behind one quantizer in one gemv.py launch (the
     k and v projections' calls take its outputs), gate/up behind one with SiLU·mul; o and down one
     launch each. gemv.py's kernels are Triton (GPU): stand-ins with F.linear's arithmetic here, so the
@@ -71,16 +71,16 @@ def test_in_the_decode_step_qkv_and_gate_up_share_one_quantized_input_and_one_la
 
     lean, _, _ = pair
     model = lean.model
-    fused_step.install(model)
+    step = fused_step.FusedStep(model, {})
     groups = sum(leanfp8.QKV in m.__dict__ for m in model.modules()), sum(leanfp8.GATE_UP in m.__dict__ for m in model.modules())
     assert groups == (30, 30)
     launches: list = []
 
     grouped, gate_up_silu = triton_helpers.gemv_standins(launches)
 
-    monkeypatch.setattr(fused_step, "_call", lambda name, eager, *a: eager(*a))
+    monkeypatch.setattr(fused_step, "compiled", lambda name: fused_step.EAGER[name])
     ids = torch.tensor([[5, 17, 99, 4], [7, 7, 300, 2]])
-    with torch.no_grad(), fused_step.active():
+    with torch.no_grad(), step.installed():
         want = model(input_ids=ids, use_cache=False).logits  # gemv.usable is False on a CPU: per-linear lean products
         assert launches == []
         monkeypatch.setattr(gemv, "usable", lambda x, ws: True)

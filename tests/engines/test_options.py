@@ -24,11 +24,30 @@ def test_bad_option_value():
         parse_config(small_config("x", engine={"backend": "tensorrt_llm", "options": {"tp_size": 0}}))
 
 
-def test_backend_without_options():
-    with pytest.raises(ConfigError, match="engine backend 'fakequant' takes no options"):
+def test_backend_options_name_the_allowed_ones():
+    with pytest.raises(ConfigError, match=r"options.gemm: Extra inputs are not permitted.*allowed options for fakequant: runtime"):
         parse_config(small_config("x", engine={"backend": "fakequant", "options": {"gemm": "fast"}}))
     with pytest.raises(ConfigError, match="cpu_fp8_gemm"):
         parse_config(small_config("x", engine={"backend": "realquant", "options": {"cpu_fp8_gemm": "fast"}}))
+
+
+def test_every_in_process_backend_takes_the_runtime_and_defaults_to_qvals():
+    """engine.options.runtime: "qval" (the default) or "transformers" (transformers' and ModelOpt's code
+    only); a backend that does not run the model in this process (tensorrt_llm) refuses it."""
+    from qval.engines.registry import BACKENDS
+    from qval.engines.runtime import option
+
+    for backend in ("fakequant", "realquant", "export", "checkpoint"):
+        extra = {"path": "some/folder"} if backend == "checkpoint" else {}
+        cfg = parse_config(small_config("x", engine={"backend": backend, **extra}))
+        assert option(cfg.engine) == "qval"
+        cfg = parse_config(small_config("x", engine={"backend": backend, "options": {"runtime": "transformers"}, **extra}))
+        assert option(cfg.engine) == "transformers"
+        assert BACKENDS.get(backend).options_model.model_fields["runtime"].default == "qval"
+    with pytest.raises(ConfigError, match=r"options.runtime: Input should be 'qval' or 'transformers'"):
+        parse_config(small_config("x", engine={"backend": "fakequant", "options": {"runtime": "vllm"}}))
+    with pytest.raises(ConfigError, match="options.runtime: Extra inputs"):
+        parse_config(small_config("x", engine={"backend": "tensorrt_llm", "options": {"runtime": "qval"}}))
 
 
 def test_checkpoint_needs_a_path_and_skips_calibration():
