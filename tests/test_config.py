@@ -25,10 +25,15 @@ def test_every_shipped_check_validates():
     that is exit 2 before any model loads, saying so."""
     import torch
 
+    import os
+
     for path in sorted((ROOT / "checks").glob("*.yaml")):
         code, out = cli_validate(path)
-        if load_config(path).quant.format is QuantFormat.nvfp4 and not torch.cuda.is_available():
+        cfg = load_config(path)
+        if cfg.quant.format is QuantFormat.nvfp4 and not torch.cuda.is_available():
             assert code == 2 and "needs a CUDA GPU" in out and "Traceback" not in out, out
+        elif cfg.engine.backend == "served" and not os.environ.get("QVAL_VLLM_PYTHON"):  # vLLM's Python: .ci/run sets it
+            assert code == 2 and "QVAL_VLLM_PYTHON" in out and "Traceback" not in out, out
         else:
             assert code == 0, out
 
@@ -38,9 +43,11 @@ def test_every_shipped_check_runs_all_three_gates_with_thresholds():
         g = load_config(path).gates
         assert g.agreement.enabled and g.quality.enabled and g.longgen.enabled, path
         # the shipped default, not a shortened run — except the two FP8 CPU checks of the README's
-        # main command, sized to its 15-minute CPU budget, whose GPU presets run the default
-        cpu_sized = path.parent.name == "checks" and path.stem in ("fp8_kvfp16", "fp8_kvfp8")
-        assert g.longgen.new_tokens == (1024 if cpu_sized else 2048), path
+        # main command, sized to its 15-minute CPU budget, whose GPU presets run the default, and the
+        # served CPU checks that CI gates against a real vLLM server on two cores
+        sized = {"fp8_kvfp16": 1024, "fp8_kvfp8": 1024, "served_vllm_cpu": 768, "served_vllm_cpu_kvfp8": 768}
+        cpu_sized = path.parent.name == "checks" and path.stem in sized
+        assert g.longgen.new_tokens == (sized[path.stem] if cpu_sized else 2048), path
     assert (ROOT / "checks/gpu/fp8_kvfp16.yaml").is_file() and (ROOT / "checks/gpu/fp8_kvfp8_long.yaml").is_file()
 
 

@@ -1,0 +1,140 @@
+"""The served engine's main test: a real vLLM server on this CPU, started by qval, gated with every gate.
+
+Needs vLLM's own environment: $QVAL_VLLM_PYTHON (`.ci/run` builds it and sets QVAL_REQUIRE_VLLM=1, which
+turns a missing vLLM from a skip into a failure). One output folder for the module: the reference's work
+goes into one snapshot, computed once and read by every served candidate.
+
+- the built-in model served as it is: APPROVE, and the exact figures (top-1, NLL, Δp) equal the in-process
+  reference's to what two float32 engines' numerics allow;
+- the same weights with one layer damaged: REJECTED by gate 1;
+- the same weights blind beyond 600 positions (a sliding window in the served config): gate 1 (positions
+  < 512) passes, the gates that reach past 600 reject;
+- qval killed with SIGKILL while it gates: no process of the server is left.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import yaml
+
+from qval.config import load_config, parse_config
+from qval.pipeline import run_gate
+from tests.conftest import ROOT
+from tests.engines.served_faults import damaged_layer, window_after
+
+pytestmark = pytest.mark.slow
+CHECK = ROOT / "checks/served_vllm_cpu.yaml"
+
+
+@pytest.fixture(scope="module")
+def vllm_python():
+    python = os.environ.get("QVAL_VLLM_PYTHON")
+    if not python or not Path(python).exists():
+        if os.environ.get("QVAL_REQUIRE_VLLM") == "1":
+            pytest.fail("QVAL_REQUIRE_VLLM=1 but $QVAL_VLLM_PYTHON is not vLLM's Python: .ci/run builds it")
+        pytest.skip("no vLLM here: set QVAL_VLLM_PYTHON to the Python of a vLLM environment (.ci/run builds one)")
+    return python
+
+
+@pytest.fixture(scope="module")
+def out(tmp_path_factory, vllm_python):
+    return tmp_path_factory.mktemp("served_vllm")
+
+
+def variant(name: str, model: str | None = None, gates: list[str] | None = None):
+    """The shipped CPU check, renamed, serving `model`, with only `gates` enabled (all when None)."""
+    data = yaml.safe_load(CHECK.read_text())
+    data["name"] = name
+    if model is not None:
+        data["engine"]["options"]["launch"]["model"] = model
+    if gates is not None:
+        for g in data["gates"]:
+            data["gates"][g]["enabled"] = g in gates
+    return parse_config(data, str(CHECK))
+
+
+def failed_gates(result) -> set[str]:
+    return {c.gate for c in result.verdict.checks if c.outcome == "fail"}
+
+
+@pytest.fixture(scope="module")
+def clean(out):
+    return run_gate(load_config(CHECK), out_dir=str(out))
+
+
+def test_the_built_in_model_served_by_vllm_is_approved_with_the_reference_s_figures(clean, out):
+    assert clean.verdict.approved, [c for c in clean.verdict.checks if c.outcome != "pass"]
+    engine = clean.report["candidate"]["engine"]
+    assert engine["backend"] == "served" and engine["server_version"] and engine["launch"]["server_package"]
+    assert engine["tokenizer"].startswith("checked")
+    # the exact figures against the in-process reference on the same positions
+    a = np.load(out / "served_vllm_cpu" / "gate_agreement" / "positions.npz")
+    assert a["top1"].mean() >= 0.999
+    assert np.abs(a["nll_cand"] - a["nll_ref"]).max() < 1e-3
+    assert np.abs(a["p_cand"] - a["p_ref"]).max() < 1e-3
+    assert (a["kld_lower"] <= a["kld"] + 1e-12).all() and a["kld"].mean() < 1e-6
+    # every gate ran against the server
+    assert {g for g, r in clean.report["gates"].items() if r.get("status") == "ok"} >= {
+        "agreement", "quality", "longgen", "depth", "retrieval", "tasks"}
+    assert not list(Path(out).glob("**/crash-*.txt"))
+
+
+def test_one_damaged_layer_is_rejected_by_gate_1(clean, out):
+    folder = Path(clean.report["candidate"]["engine"]["launch"]["folder"])
+    bad = damaged_layer(folder, out / "damaged_layer", "model.layers.14.mlp.down_proj.weight", 1.5)
+    result = run_gate(variant("served_damaged_layer", str(bad), ["agreement", "depth"]), out_dir=str(out))
+    assert not result.verdict.approved
+    assert "agreement" in failed_gates(result)
+
+
+def test_a_model_blind_beyond_600_positions_passes_gate_1_and_is_rejected_deeper(clean, out):
+    folder = Path(clean.report["candidate"]["engine"]["launch"]["folder"])
+    bad = window_after(folder, out / "window_600", 600)
+    result = run_gate(variant("served_window_600", str(bad), ["agreement", "depth", "longgen", "retrieval"]), out_dir=str(out))
+    assert not result.verdict.approved
+    failed = failed_gates(result)
+    assert "agreement" not in failed, "gate 1's positions are all under 512: exact there"
+    assert {"depth", "longgen"} <= failed, failed
+
+
+def _server_pids(marker: str) -> list[int]:
+    out = subprocess.run(["ps", "-eo", "pid,args"], capture_output=True, text=True).stdout.splitlines()[1:]
+    return [int(line.split()[0]) for line in out if marker in line and "ps -eo" not in line]
+
+
+def test_qval_killed_mid_gate_leaves_no_vllm_process(clean, out, tmp_path):
+    data = yaml.safe_load(CHECK.read_text())
+    data["name"] = "served_killed"
+    data["report"] = {"dir": str(tmp_path)}
+    config = tmp_path / "killed.yaml"
+    config.write_text(yaml.safe_dump(data))
+    proc = subprocess.Popen([sys.executable, "-m", "qval.cli", "gate", "--config", str(config), "--out", str(out)],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=ROOT)
+    log = out / "served_killed" / "served" / "server.log"
+    end = time.monotonic() + 900
+    while time.monotonic() < end:
+        assert proc.poll() is None, proc.stdout.read()
+        if log.is_file() and "Application startup complete" in log.read_text(errors="replace"):
+            break
+        time.sleep(1)
+    time.sleep(5)  # the gates have begun asking
+    marker = str(out / "served_killed")  # the server's log and no other process's command names this folder
+    pids = _server_pids("--served-model-name qval-candidate")
+    assert pids, "no vLLM process found while qval gated"
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    end = time.monotonic() + 60
+    while time.monotonic() < end and any(p in _server_pids("--served-model-name qval-candidate") for p in pids):
+        time.sleep(1)
+    left = [p for p in pids if p in _server_pids("--served-model-name qval-candidate")]
+    assert not left, f"vLLM processes outlived qval: {left} ({marker})"
+    leftover_workers = _server_pids("VLLM::")
+    assert not leftover_workers, f"vLLM workers outlived qval: {leftover_workers}"
