@@ -114,15 +114,17 @@ def _register() -> None:
 
 def install(model: torch.nn.Module) -> bool:
     """The runtime's attention on this model instance, if its attention is transformers' sdpa
-    (or already this one); whether it is."""
-    impl = getattr(model.config, "_attn_implementation", None)
+    (or already this one); whether it is. A model without transformers' config (no attention
+    implementation to choose) keeps its own."""
+    config = getattr(model, "config", None)
+    impl = getattr(config, "_attn_implementation", None)
     if impl == BASE and hasattr(model, "set_attn_implementation"):
         _register()
         model.set_attn_implementation(NAME)
-    return getattr(model.config, "_attn_implementation", None) == NAME
+    return getattr(config, "_attn_implementation", None) == NAME
 
 
 def uninstall(model: torch.nn.Module) -> None:
     """transformers' sdpa back on a model that runs this attention (e.g. a copy of one that did)."""
-    if getattr(model.config, "_attn_implementation", None) == NAME:
+    if getattr(getattr(model, "config", None), "_attn_implementation", None) == NAME:
         model.set_attn_implementation(BASE)

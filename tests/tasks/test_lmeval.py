@@ -209,6 +209,8 @@ class FlatEngine:
     """Equal logits everywhere (every option scores the same) and a fixed generation (`says`,
     optionally NaN from step `nan_at`), or an engine that fails."""
 
+    model_config = None  # the engine interface's: no model configuration known (lm-eval's default length)
+
     def __init__(self, vocab: int, fail: bool = False, says: list[int] | None = None, nan_at: int | None = None) -> None:
         self.vocab, self.fail, self.says, self.nan_at = vocab, fail, says or [], nan_at
 
