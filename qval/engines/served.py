@@ -98,29 +98,41 @@ class ServedEngine(Engine):
         next_logp = torch.full((t,), math.nan)
         finite = torch.ones(t, dtype=torch.bool)
         for pos in range(t):
-            entries = prompt[pos + 1] if pos + 1 < t else last[0]
-            if not isinstance(entries, dict) or not entries:
-                raise ServerError(f"the server at {self.client.base} gave no log-probabilities for position {pos} of a "
-                                  f"{t}-token prompt")
-            pairs = sorted(((_token_id(key), _entry_logprob(v)) for key, v in entries.items()), key=_descending)
-            nxt = int(next_token[pos])
-            if nxt >= 0:
-                got = entries.get(str(nxt))
-                if got is None:
-                    raise ServerError(f"the server at {self.client.base} did not give the log-probability of the prompt's "
-                                      f"token at position {pos + 1}; qval needs vLLM's prompt_logprobs semantics")
-                next_logp[pos] = _entry_logprob(got)
-            top = pairs[:k]
-            if len(top) < k:
-                raise ServerError(f"the server at {self.client.base} gave {len(top)} log-probabilities where {k} were "
-                                  f"asked (engine.options.top_k); is its limit (vLLM's --max-logprobs) lower?")
-            if any(i < 0 or i >= self.vocab for i, _ in top):
-                raise ServerError(f"the server at {self.client.base} returned token ids outside the reference's vocabulary "
-                                  f"of {self.vocab}: it serves a model with another vocabulary")
-            top_idx[pos] = torch.tensor([i for i, _ in top])
-            top_logp[pos] = torch.tensor([lp for _, lp in top])
-            finite[pos] = all(math.isfinite(lp) for _, lp in pairs) and (nxt < 0 or math.isfinite(float(next_logp[pos])))
+            try:
+                self._position(prompt, last, pos, t, k, next_token, next_logp, top_idx, top_logp, finite)
+            except (ValueError, TypeError, AttributeError, IndexError, OverflowError) as err:  # a key not an id, a value not a number
+                raise ServerError(f"the server at {self.client.base} answered a scoring request with malformed "
+                                  f"log-probabilities at position {pos} of a {t}-token prompt ({type(err).__name__}: "
+                                  f"{str(err)[:120]}); qval reads vLLM's prompt_logprobs format") from None
         return from_topk(self.vocab, top_idx, top_logp, next_token, next_logp, finite)
+
+    def _position(self, prompt: list[Any], last: list[Any], pos: int, t: int, k: int, next_token: torch.Tensor,
+                  next_logp: torch.Tensor, top_idx: torch.Tensor, top_logp: torch.Tensor, finite: torch.Tensor) -> None:
+        """One position's answer read into row `pos` of the block's tensors."""
+        entries = prompt[pos + 1] if pos + 1 < t else last[0]
+        if not isinstance(entries, dict) or not entries:
+            raise ServerError(f"the server at {self.client.base} gave no log-probabilities for position {pos} of a "
+                              f"{t}-token prompt")
+        pairs = sorted(((_token_id(key), _entry_logprob(v)) for key, v in entries.items()), key=_descending)
+        nxt = int(next_token[pos])
+        if nxt >= 0:
+            got = entries.get(str(nxt))
+            if got is None:
+                raise ServerError(f"the server at {self.client.base} did not give the log-probability of the prompt's "
+                                  f"token at position {pos + 1}; qval needs vLLM's prompt_logprobs semantics")
+            next_logp[pos] = _entry_logprob(got)
+        if any(lp > 1e-3 for _, lp in pairs if not math.isnan(lp)):  # a probability above 1
+            raise ValueError(f"a log-probability above 0 ({max(lp for _, lp in pairs if not math.isnan(lp)):.4g})")
+        top = pairs[:k]
+        if len(top) < k:
+            raise ServerError(f"the server at {self.client.base} gave {len(top)} log-probabilities where {k} were "
+                              f"asked (engine.options.top_k); is its limit (vLLM's --max-logprobs) lower?")
+        if any(i < 0 or i >= self.vocab for i, _ in top):
+            raise ServerError(f"the server at {self.client.base} returned token ids outside the reference's vocabulary "
+                              f"of {self.vocab}: it serves a model with another vocabulary")
+        top_idx[pos] = torch.tensor([i for i, _ in top])
+        top_logp[pos] = torch.tensor([lp for _, lp in top])
+        finite[pos] = all(math.isfinite(lp) for _, lp in pairs) and (nxt < 0 or math.isfinite(float(next_logp[pos])))
 
     def logits(self, input_ids: torch.Tensor) -> Compact:
         rows = list(self._pool.map(self._score, input_ids.tolist()))
@@ -152,13 +164,19 @@ class ServedEngine(Engine):
         try:
             choice = answer["choices"][0]
             lp = choice.get("logprobs") or {}
-            tokens = choice.get("token_ids") or [_token_id(s) for s in lp.get("tokens") or []]
+            given = choice.get("token_ids")
+            if given is None and lp.get("tokens") is not None:
+                given = [_token_id(s) for s in lp["tokens"]]
+            tokens = [int(t) for t in given] if given is not None else None
             steps = [float(x) if x is not None else math.nan for x in lp.get("token_logprobs") or []]
-        except (KeyError, IndexError, TypeError, ValueError):
-            raise ServerError(f"the server at {self.client.base} answered a generation request without its tokens: "
-                              f"{str(answer)[:300]}") from None
+        except (KeyError, IndexError, TypeError, ValueError, AttributeError):
+            tokens = None
+        if tokens is None or any(t < 0 or t >= self.vocab for t in tokens):  # an empty list: stopped at once
+            raise ServerError(f"the server at {self.client.base} answered a generation request without its token ids "
+                              f"(or with ids outside the reference's vocabulary of {self.vocab}): {str(answer)[:300]}; "
+                              "qval asks vLLM's completions API for return_token_ids") from None
         bad = next((i for i, x in enumerate(steps) if not math.isfinite(x)), None)
-        return [int(t) for t in tokens], bad
+        return tokens, bad
 
     def generate(self, prompts: list[list[int]], max_new_tokens: int, *, suppress_eos: bool, batch_size: int,
                  progress: Any = None) -> Generation:
