@@ -246,6 +246,10 @@ class GateConfig(Strict):
         if self.snapshot.sequential and self.gates.tasks.enabled and any(s.lm_eval for s in self.gates.tasks.suites):
             raise ValueError("snapshot.sequential cannot run lm-eval suites (gates.tasks.suites[].lm_eval): lm-eval "
                              "scores both models side by side; set snapshot.sequential: false or drop those suites")
+        if self.quant.format == QuantFormat.none and self.quant.kv_cache == KVCache.fp8 and self.engine.backend != "served":
+            raise ValueError("quant.kv_cache: fp8 with quant.format: none: qval's own engines quantize a KV cache only with a "
+                             "weight format, so this candidate would be the reference itself, gated as an FP8 KV cache; "
+                             "choose a quant.format, or gate a server that caches K/V in FP8 (engine.backend: served)")
         launch = (self.engine.options.get("launch") or {}) if self.engine.backend == "served" else {}
         if isinstance(launch, dict) and launch:  # the server's KV cache is the candidate's: the report must say which
             fp8 = str(launch.get("kv_cache_dtype", "auto")).startswith("fp8")

@@ -45,7 +45,7 @@ def test_every_shipped_check_runs_all_three_gates_with_thresholds():
         # the shipped default, not a shortened run — except the two FP8 CPU checks of the README's
         # main command, sized to its 15-minute CPU budget, whose GPU presets run the default, and the
         # served CPU checks that CI gates against a real vLLM server on two cores
-        sized = {"fp8_kvfp16": 1024, "fp8_kvfp8": 1024, "served_vllm_cpu": 768, "served_vllm_cpu_kvfp8": 768}
+        sized = {"fp8_kvfp16": 1024, "fp8_kvfp8": 1024, "served_vllm_cpu": 512, "served_vllm_cpu_kvfp8": 768}
         cpu_sized = path.parent.name == "checks" and path.stem in sized
         assert g.longgen.new_tokens == (sized[path.stem] if cpu_sized else 2048), path
     assert (ROOT / "checks/gpu/fp8_kvfp16.yaml").is_file() and (ROOT / "checks/gpu/fp8_kvfp8_long.yaml").is_file()
@@ -94,6 +94,16 @@ def test_unknown_format_lists_the_formats(tmp_path):
     assert "quant.format = 'fp6'" in out
     for f in QuantFormat:
         assert f"'{f.value}'" in out
+
+
+def test_an_fp8_kv_cache_without_a_weight_format_is_refused_in_process(tmp_path):
+    """Seen: format none + kv_cache fp8 on fakequant built the reference itself (gate 1 KLD exactly 0) and
+    approved it as an FP8 KV cache. Refused unless a server does the caching."""
+    data = small_config("kvonly", fmt="none")
+    data["quant"]["kv_cache"] = "fp8"
+    code, out = cli_validate(write_config(tmp_path, data))
+    assert code == 2 and "quant.kv_cache: fp8 with quant.format: none" in out and "Traceback" not in out
+    assert load_config(str(ROOT / "checks/served_vllm_cpu_kvfp8.yaml")).quant.kv_cache.value == "fp8"  # served: allowed
 
 
 def test_bad_threshold_type(tmp_path):
