@@ -112,19 +112,22 @@ def _register() -> None:
         AttentionMaskInterface.register(NAME, ALL_MASK_ATTENTION_FUNCTIONS[BASE])
 
 
+def implementation(model: torch.nn.Module) -> str | None:
+    """The attention implementation transformers runs on this model, or None for a model without
+    transformers' config (no implementation to choose: it keeps its own)."""
+    return getattr(getattr(model, "config", None), "_attn_implementation", None)
+
+
 def install(model: torch.nn.Module) -> bool:
     """The runtime's attention on this model instance, if its attention is transformers' sdpa
-    (or already this one); whether it is. A model without transformers' config (no attention
-    implementation to choose) keeps its own."""
-    config = getattr(model, "config", None)
-    impl = getattr(config, "_attn_implementation", None)
-    if impl == BASE and hasattr(model, "set_attn_implementation"):
+    (or already this one); whether it is."""
+    if implementation(model) == BASE and hasattr(model, "set_attn_implementation"):
         _register()
         model.set_attn_implementation(NAME)
-    return getattr(config, "_attn_implementation", None) == NAME
+    return implementation(model) == NAME
 
 
 def uninstall(model: torch.nn.Module) -> None:
     """transformers' sdpa back on a model that runs this attention (e.g. a copy of one that did)."""
-    if getattr(getattr(model, "config", None), "_attn_implementation", None) == NAME:
+    if implementation(model) == NAME:
         model.set_attn_implementation(BASE)

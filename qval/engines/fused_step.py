@@ -129,7 +129,7 @@ class FusedStep:
         self._plan: list[tuple[torch.nn.Module, Callable[..., Any]]] = []
         self.counts = {"rmsnorm": 0, "mlp": 0, "rope": 0, "linears": 0, "qkv_groups": 0}
         silu = str(getattr(model.config, "hidden_act", "")) == "silu"
-        ours = getattr(model.config, "_attn_implementation", None) == decode_attention.NAME
+        ours = decode_attention.implementation(model) == decode_attention.NAME
         for m in model.modules():
             kind = kind_of(m)
             if kind == "rmsnorm" and hasattr(m, "variance_epsilon"):

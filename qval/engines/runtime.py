@@ -53,7 +53,7 @@ class DecodeRuntime:
     def own(self) -> None:
         """Before each engine call: the runtime's attention on the model, should another engine on
         the same instance have put transformers' back (tests share one loaded model)."""
-        if getattr(getattr(self.model, "config", None), "_attn_implementation", None) != decode_attention.NAME:
+        if decode_attention.implementation(self.model) != decode_attention.NAME:
             self.attention = decode_attention.install(self.model)
 
     def cache(self, kv_quantizers: dict[int, tuple[Any, Any]]) -> Any:

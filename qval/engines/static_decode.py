@@ -74,7 +74,7 @@ class StaticDecoder:
         self.failures: dict[str, str] = runtime.failures if runtime is not None else {}
         self.split_kv = runtime.split_kv if runtime is not None else True
         self.requested_filled = filled
-        self.filled = filled and model.config._attn_implementation == decode_attention.NAME
+        self.filled = filled and decode_attention.implementation(model) == decode_attention.NAME
         self.requested_fused = fused
         self._fused = FusedStep(model, self.failures, runtime.gemv if runtime is not None else True) if fused else None
         self.fused = self._fused.counts if self._fused is not None else None  # what runs fused (None: not fused)
