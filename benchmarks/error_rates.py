@@ -56,21 +56,21 @@ class PlantedOptions(BaseModel):
 
 def register_planted() -> None:
     """The `planted` backend: fakequant's candidate with a fault planted after it is built."""
-    from qval.engines.builders import ENGINES
+    from qval.engines.builders import BUILDERS
     from qval.engines.registry import BACKENDS, Backend
 
     if "planted" in BACKENDS:
         return
 
     def build_planted(ctx):  # noqa: ANN001, ANN202 - a BuildContext -> an Engine
-        engine = ENGINES.get("fakequant")(ctx)
+        engine = BUILDERS.get("fakequant")(ctx)
         fault = Fault(**PlantedOptions.model_validate(ctx.config.engine.options).model_dump())
         planted = plant(engine.model, fault)
         engine.notes.append(f"planted fault {fault.label}, seed {fault.seed} (qval/faults.py): {planted.what}")
         return engine
 
     BACKENDS.register("planted")(Backend("planted", options_model=PlantedOptions))
-    ENGINES.register("planted")(build_planted)
+    BUILDERS.register("planted")(build_planted)
 
 
 def tiny(cfg):  # noqa: ANN001, ANN201 - a GateConfig at budgets two CPU cores run in about a minute
@@ -88,13 +88,15 @@ def tiny(cfg):  # noqa: ANN001, ANN201 - a GateConfig at budgets two CPU cores r
                                   "gates": g.model_copy(update=gates)})
 
 
-def jobs(checks: list[str], healthy: int, faults: list[tuple[str, list[float]]], fault_seeds: int) -> list[dict[str, Any]]:
-    """The shipped variant of each check first, then its healthy variants, then the faults seed by
-    seed (so a run cut short has every severity at its first seeds)."""
+def jobs(checks: list[str], healthy: int, faults: list[tuple[str, list[float]]], fault_seeds: int,
+         healthy_from: int = 1) -> list[dict[str, Any]]:
+    """The shipped variant of each check first, then its healthy variants (sample seeds healthy_from ..
+    healthy_from + healthy - 1), then the faults seed by seed (so a run cut short has every severity
+    at its first seeds)."""
     out = []
     for check in checks:
         out.append({"check": check, "variant": "shipped", "sample_seed": None})
-        out += [{"check": check, "variant": "healthy", "sample_seed": s} for s in range(1, healthy + 1)]
+        out += [{"check": check, "variant": "healthy", "sample_seed": s} for s in range(healthy_from, healthy_from + healthy)]
         out += [{"check": check, "variant": "fault", "sample_seed": seed, "fault": {"kind": kind, "severity": sev, "seed": seed}}
                 for seed in range(1, fault_seeds + 1) for kind, sevs in faults for sev in sevs]
     return out
@@ -191,6 +193,7 @@ def main() -> None:
     ap.add_argument("checks", nargs="+")
     ap.add_argument("--out", required=True)
     ap.add_argument("--healthy", type=int, default=20, help="healthy variants per check (calibration.sample_seed 1..N)")
+    ap.add_argument("--healthy-from", type=int, default=1, help="the first healthy variant's sample seed (to extend an earlier run)")
     ap.add_argument("--faults", nargs="*", default=[], help="fault kinds, each KIND or KIND:s1,s2,…")
     ap.add_argument("--fault-seeds", type=int, default=5)
     ap.add_argument("--fault-start", type=int, default=512, help="late_positions: the first damaged position")
@@ -207,7 +210,7 @@ def main() -> None:
     args.stop_at = t_start + args.deadline
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    all_jobs = jobs(args.checks, args.healthy, parse_faults(args.faults), args.fault_seeds)
+    all_jobs = jobs(args.checks, args.healthy, parse_faults(args.faults), args.fault_seeds, args.healthy_from)
     meta = {"command": " ".join(sys.argv), "machine": platform.node(), "platform": platform.platform(), "started": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
             "device": args.device, "dtype": args.dtype, "tiny": args.tiny, "workers": args.workers, "jobs_planned": len(all_jobs)}
     results: list[dict[str, Any]] = []

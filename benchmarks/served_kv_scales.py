@@ -16,6 +16,11 @@ what the served engine's FP8 KV path adds.
     qval build --config checks/fp8_kvfp8.yaml --out reports --dtype float32
     python benchmarks/served_kv_scales.py --export reports/fp8_kvfp8/export --reference reports/.reference/served/<key> \
         --folder reports/kv_scales_model --out reports [--gate] [--simulate 1024]
+    python benchmarks/served_kv_scales.py --in-process --out reports   # the same gates on qval's own FP8 KV cache
+
+`--in-process` gates a KV-cache-only candidate in qval's process (`quant: {format: none, kv_cache: fp8}` on
+fakequant: ModelOpt's fake-quantized K/V, calibrated on checks/fp8_kvfp8.yaml's data) with the same check, so
+the served engine's FP8 KV cache and ModelOpt's stand beside each other gate by gate.
 """
 
 from __future__ import annotations
@@ -112,30 +117,52 @@ def simulate(folder: Path, reference: Path, tokens: int) -> None:
                   f"mean ΔNLL {dnll:+.4f}")
 
 
+def kv_only_check() -> dict:
+    """checks/served_vllm_cpu_kvfp8.yaml's gates and limits with the candidate in qval's process: format none
+    with an FP8 KV cache on fakequant (ModelOpt's fake-quantized K/V alone, calibrated on fp8_kvfp8's data)."""
+    import yaml
+
+    data = yaml.safe_load((ROOT / "checks/served_vllm_cpu_kvfp8.yaml").read_text())
+    data["name"] = "sim_kvfp8_only"
+    data["engine"] = {"backend": "fakequant"}
+    data["calibration"] = yaml.safe_load((ROOT / "checks/fp8_kvfp8.yaml").read_text())["calibration"]
+    return data
+
+
+def gate(data: dict, out: str) -> None:
+    from qval.config import parse_config
+    from qval.pipeline import run_gate
+
+    result = run_gate(parse_config(data, str(ROOT / "checks/served_vllm_cpu_kvfp8.yaml")), out_dir=out)
+    print(f"{data['name']}: {'APPROVE' if result.verdict.approved else 'REJECT'}")
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--export", required=True, type=Path)
-    ap.add_argument("--reference", required=True, type=Path, help="the reference's served folder (qval writes it)")
-    ap.add_argument("--folder", required=True, type=Path)
+    ap.add_argument("--export", type=Path)
+    ap.add_argument("--reference", type=Path, help="the reference's served folder (qval writes it)")
+    ap.add_argument("--folder", type=Path)
     ap.add_argument("--out", default="reports")
     ap.add_argument("--gate", action="store_true", help="then gate it as checks/served_vllm_cpu_kvfp8.yaml")
     ap.add_argument("--simulate", type=int, default=0, help="tokens of the in-process FP8 K/V yardstick (0: none)")
+    ap.add_argument("--in-process", action="store_true",
+                    help="instead: gate a KV-cache-only FP8 candidate in qval's process on the same check (no server)")
     args = ap.parse_args(argv)
+    if args.in_process:
+        gate(kv_only_check(), args.out)
+        return 0
+    if not (args.export and args.reference and args.folder):
+        ap.error("--export, --reference and --folder are needed (or --in-process)")
     folder = write_folder(args.export, args.reference, args.folder)
     if args.simulate:
         simulate(folder, args.reference, args.simulate)
     if args.gate:
         import yaml
 
-        from qval.config import parse_config
-        from qval.pipeline import run_gate
-
-        check = ROOT / "checks/served_vllm_cpu_kvfp8.yaml"
-        data = yaml.safe_load(check.read_text())
+        data = yaml.safe_load((ROOT / "checks/served_vllm_cpu_kvfp8.yaml").read_text())
         data["name"] = "served_vllm_cpu_kvfp8_calibrated"
         data["engine"]["options"]["launch"]["model"] = str(folder.resolve())
-        result = run_gate(parse_config(data, str(check)), out_dir=args.out)
-        print(f"{data['name']}: {'APPROVE' if result.verdict.approved else 'REJECT'}")
+        gate(data, args.out)
     return 0
 
 

@@ -7,21 +7,20 @@ The gate sections are in `qval.config_gates`, their limits in the tables of `qva
 
 from __future__ import annotations
 
-import difflib
 from enum import Enum
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import BaseModel, Field, ValidationError, field_validator, model_validator
+from pydantic import Field, ValidationError, field_validator, model_validator
 
 # the gate sections live in config_gates; every name is importable from here as before
 from .config_gates import (  # noqa: F401
     AgreementGate, CountLimit, DepthGate, GatesConfig, LongGenGate, QualityGate, RetrievalGate, Sized, Strict,
-    TaskSuite, TasksGate, Threshold,
+    TaskSuite, TasksGate, Limit,
 )
-from .config_types import mistyped, non_finite  # noqa: F401  (non_finite: importable from here as before)
-from .engines.registry import BACKENDS
+from .config_types import format_errors, mistyped, non_finite  # noqa: F401  (non_finite: importable from here as before)
+from .engines.registry import BACKENDS, needs_calibration
 from .errors import ConfigError
 from .io import read_text_utf8
 from .quantize.formats import FORMATS, FormatSpec, names_where
@@ -70,6 +69,11 @@ class ModelConfig(Strict):
         return self
 
 
+#: the backends that build a KV-cache-only candidate (format none, kv_cache fp8): ModelOpt's fake-quantized K/V,
+#: or a server that caches K/V in FP8 itself
+KV_ONLY_BACKENDS = ("fakequant", "served")
+
+
 class QuantConfig(Strict):
     format: QuantFormat
     kv_cache: KVCache = KVCache.fp16
@@ -99,6 +103,16 @@ class QuantConfig(Strict):
     def spec(self) -> FormatSpec:
         """What the format is and can do: everything that depends on the format asks this."""
         return FORMATS.get(self.format.value)
+
+    @property
+    def kv_only(self) -> bool:
+        """Format none with an FP8 KV cache: the weights stay as they are, K and V are quantized (calibrated)."""
+        return not self.spec.quantizes and self.kv_cache is KVCache.fp8
+
+    @property
+    def has_quantizers(self) -> bool:
+        """Whether the candidate has quantizers to calibrate: a weight format, or a KV-cache-only candidate."""
+        return self.spec.quantizes or self.kv_only
 
     @property
     def alphas(self) -> list[float]:
@@ -246,11 +260,16 @@ class GateConfig(Strict):
         if self.snapshot.sequential and self.gates.tasks.enabled and any(s.lm_eval for s in self.gates.tasks.suites):
             raise ValueError("snapshot.sequential cannot run lm-eval suites (gates.tasks.suites[].lm_eval): lm-eval "
                              "scores both models side by side; set snapshot.sequential: false or drop those suites")
-        if self.quant.format == QuantFormat.none and self.quant.kv_cache == KVCache.fp8 and self.engine.backend != "served":
-            raise ValueError("quant.kv_cache: fp8 with quant.format: none: qval's own engines quantize a KV cache only with a "
-                             "weight format, so this candidate would be the reference itself, gated as an FP8 KV cache; "
-                             "choose a quant.format, or gate a server that caches K/V in FP8 (engine.backend: served)")
+        if self.quant.kv_only and self.engine.backend not in KV_ONLY_BACKENDS:
+            raise ValueError(f"quant.kv_cache: fp8 with quant.format: none (a KV-cache-only candidate) runs on engine.backend "
+                             f"{' or '.join(KV_ONLY_BACKENDS)}, not {self.engine.backend}: that backend builds its candidate "
+                             "from quantized weights, so it would gate the reference itself as an FP8 KV cache; choose a "
+                             "quant.format, or one of those backends")
         launch = (self.engine.options.get("launch") or {}) if self.engine.backend == "served" else {}
+        if self.quant.kv_only and isinstance(launch, dict) and launch.get("model") == "candidate":
+            raise ValueError("engine.options.launch.model: candidate serves this config's candidate as qval exports it, and a "
+                             "KV-cache-only candidate (quant.format none, kv_cache fp8) has no quantized weights to export; "
+                             "serve model: reference with kv_cache_dtype fp8 (the server quantizes K/V), or give a quant.format")
         if isinstance(launch, dict) and launch:  # the server's KV cache is the candidate's: the report must say which
             fp8 = str(launch.get("kv_cache_dtype", "auto")).startswith("fp8")
             if fp8 != (self.quant.kv_cache == KVCache.fp8):
@@ -258,6 +277,12 @@ class GateConfig(Strict):
                                  f"{launch.get('kv_cache_dtype', 'auto')} (engine.options.launch.kv_cache_dtype); set "
                                  f"quant.kv_cache: {'fp8' if fp8 else 'fp16'}, which the report states")
         return self
+
+    @property
+    def calibrates(self) -> bool:
+        """Whether a run calibrates: a candidate with quantizers (quant.has_quantizers) on a backend that builds from
+        qval's calibration (not a finished checkpoint, not a server's own model)."""
+        return self.quant.has_quantizers and needs_calibration(self.engine.backend, self.engine.options)
 
     def resolve(self, path: str) -> Path:
         """A data path from the config: absolute, else relative to the working directory if it
@@ -276,54 +301,6 @@ class GateConfig(Strict):
         return p
 
 
-def _loc_to_key(loc: tuple[Any, ...]) -> str:
-    # pydantic puts the union member's type name in loc ("float", "Sized"); drop those
-    parts = [str(x) for x in loc if not (isinstance(x, str) and x[:1].isupper()) and x not in ("float", "int")]
-    return ".".join(parts) or "(top level)"
-
-
-def _allowed_keys(model: type[BaseModel], loc: tuple[Any, ...]) -> list[str]:
-    """The keys allowed at the parent of `loc`, walking the nested models."""
-    current: Any = model
-    for part in loc[:-1]:
-        if isinstance(part, int):  # an index into a list of models (gates.tasks.suites.0)
-            continue
-        field = getattr(current, "model_fields", {}).get(part)
-        if field is None:
-            return []
-        ann = field.annotation
-        if not isinstance(ann, type):  # list[Model]: the keys of its items
-            ann = next((a for a in getattr(ann, "__args__", ()) if isinstance(a, type) and issubclass(a, BaseModel)), ann)
-        current = ann if isinstance(ann, type) and issubclass(ann, BaseModel) else None
-        if current is None:
-            return []
-    return [k for k in current.model_fields if k != "source_file"]
-
-
-def format_errors(err: ValidationError, file: str) -> list[str]:
-    """One line per problem: file, key, bad value, what is allowed."""
-    lines = []
-    for e in err.errors():
-        key = _loc_to_key(e["loc"])
-        bad = e.get("input")
-        if e["type"] == "extra_forbidden":
-            allowed = _allowed_keys(GateConfig, e["loc"])
-            close = difflib.get_close_matches(str(e["loc"][-1]), allowed, n=1)
-            hint = f" Did you mean {close[0]!r}?" if close else ""
-            lines.append(f"{file}: unknown key {key!r}.{hint} Allowed here: {', '.join(allowed)}.")
-            continue
-        if e["type"] == "missing":
-            lines.append(f"{file}: {key}: required key is missing.")
-            continue
-        msg = e["msg"].removeprefix("Value error, ")
-        if e["type"] == "enum":
-            msg = f"must be one of {e['ctx']['expected']}"
-        shown = repr(bad) if not isinstance(bad, dict) else "{...}"
-        lines.append(f"{file}: {key} = {shown}: {msg}.")
-    # unions report each branch; keep each distinct line once
-    return list(dict.fromkeys(lines))
-
-
 def parse_config(data: Any, file: str = "<config>") -> GateConfig:
     if not isinstance(data, dict):
         raise ConfigError(f"{file}: the config must be a YAML mapping (key: value), not {type(data).__name__}.")
@@ -333,7 +310,7 @@ def parse_config(data: Any, file: str = "<config>") -> GateConfig:
     try:
         return GateConfig.model_validate({**data, "source_file": file})
     except ValidationError as err:
-        raise ConfigError("\n".join(format_errors(err, file))) from None
+        raise ConfigError("\n".join(format_errors(err, file, GateConfig))) from None
 
 
 class _UniqueKeyLoader(yaml.SafeLoader):

@@ -55,7 +55,8 @@ NOTES = {
     "ModelConfig.device": "auto: CUDA when available, else CPU",
     "ModelConfig.trust_remote_code": "let transformers run code shipped with the model",
     "QuantConfig.format": "the quantization format (`qval.quantize.formats`)",
-    "QuantConfig.kv_cache": "the KV cache's precision: a separate decision, never implied by the format",
+    "QuantConfig.kv_cache": ("the KV cache's precision: a separate decision, never implied by the format; fp8 with format none is a "
+                             "KV-cache-only candidate (weights as they are, K/V calibrated; engine fakequant or served)"),
     "QuantConfig.exclude": "globs of module or quantizer names kept in high precision",
     "QuantConfig.smoothquant_alpha": "SmoothQuant's migration strength (formats that take it: int8_sq); a list "
                                      "sweeps it, one candidate per value; unset: 0.5",

@@ -30,7 +30,7 @@ class Sized(Strict):
     beta: float = Field(0.2, gt=0, lt=0.5)  # 1 − power at the smallest detectable effect printed beside the check
 
 
-Threshold = Union[float, Sized, None]
+Limit = Union[float, Sized, None]
 
 
 def _sets_a_threshold(section: Any, table: GateMetrics) -> Any:
@@ -103,13 +103,13 @@ class QualityGate(Strict):
     enabled: bool = True  # gate 2: perplexity and BLEU/chrF
     windowing: Literal["chunks", "sliding"] = "chunks"  # chunks: gate 1's scored positions; sliding: HF's stride convention
     stride: int | None = Field(None, gt=0)  # sliding: tokens scored per window (default ctx/2)
-    max_ppl_ratio: Threshold = None  # PPL_cand / PPL_ref
+    max_ppl_ratio: Limit = None  # PPL_cand / PPL_ref
     bleu_dataset: str = "calib_data/bleu_eval.jsonl"  # JSONL of prompts with reference translations
     bleu_max_new_tokens: int = Field(64, gt=0)  # greedy tokens generated per BLEU prompt
     batch_size: int = Field(8, gt=0)  # BLEU prompts generated together
     bootstrap: int = Field(1000, ge=100)  # paired bootstrap resamples for the BLEU/chrF intervals
-    max_bleu_drop: Threshold = None  # reference BLEU − candidate BLEU, per language, points
-    max_chrf_drop: Threshold = None
+    max_bleu_drop: Limit = None  # reference BLEU − candidate BLEU, per language, points
+    max_chrf_drop: Limit = None
 
     @field_validator(*QUALITY.fields, mode="before")
     @classmethod
@@ -136,11 +136,11 @@ class LongGenGate(Strict):
     suppress_eos: bool = True  # EOS is never chosen, so every continuation runs new_tokens
     batch_size: int = Field(8, gt=0)  # prompts decoded together
     piece: int = Field(256, gt=0)  # teacher-forced scoring goes through the KV cache this many tokens at a time
-    min_late_top1: Threshold = None
-    max_late_kld: Threshold = None
-    max_late_drift: Threshold = None  # late mean KLD − early mean KLD
-    max_seq_rep4_excess: Threshold = None  # candidate late seq-rep-4 − reference late seq-rep-4
-    max_judge_nll_excess: Threshold = None  # reference NLL of the candidate's late text − of its own
+    min_late_top1: Limit = None
+    max_late_kld: Limit = None
+    max_late_drift: Limit = None  # late mean KLD − early mean KLD
+    max_seq_rep4_excess: Limit = None  # candidate late seq-rep-4 − reference late seq-rep-4
+    max_judge_nll_excess: Limit = None  # reference NLL of the candidate's late text − of its own
     # prompts ending in a loop / stopped by EOS early, candidate − reference. Sized by default: strict
     # (0) when the reference never does it, tolerant of noise when it does (small models loop greedily)
     max_loops_excess: CountLimit = Field(default_factory=Sized)

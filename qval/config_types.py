@@ -10,16 +10,18 @@ where a number belongs and every non-boolean given where only a boolean does. Nu
 numbers (an int for a float limit is fine, and a numeric string such as PyYAML's `1e-3` is left to
 pydantic). The schema is read, not restated: every section, list of sections, `{sized: true}`
 threshold and the backend's `engine.options` model is walked, so a new field is covered as it is
-declared. Torch-free, like the rest of config validation.
+declared. `format_errors` turns pydantic's errors into one line each (file, key, bad value, what is
+allowed, the nearest allowed key). Torch-free, like the rest of config validation.
 """
 
 from __future__ import annotations
 
+import difflib
 import math
 import types
 from typing import Annotated, Any, Literal, Union, get_args, get_origin
 
-from pydantic import BaseModel
+from pydantic import BaseModel, ValidationError
 
 from .engines.registry import BACKENDS
 
@@ -126,3 +128,54 @@ def non_finite(data: Any, where: str = "") -> list[str]:
     else:
         why = "must be a finite number"
     return [f"{where} = {data}: {why}; give a finite number"]
+
+
+# --- pydantic's errors as one line each: file, key, bad value, what is allowed ------------------------------
+
+
+def _loc_to_key(loc: tuple[Any, ...]) -> str:
+    # pydantic puts the union member's type name in loc ("float", "Sized"); drop those
+    parts = [str(x) for x in loc if not (isinstance(x, str) and x[:1].isupper()) and x not in ("float", "int")]
+    return ".".join(parts) or "(top level)"
+
+
+def _allowed_keys(model: type[BaseModel], loc: tuple[Any, ...]) -> list[str]:
+    """The keys allowed at the parent of `loc`, walking the nested models."""
+    current: Any = model
+    for part in loc[:-1]:
+        if isinstance(part, int):  # an index into a list of models (gates.tasks.suites.0)
+            continue
+        field = getattr(current, "model_fields", {}).get(part)
+        if field is None:
+            return []
+        ann = field.annotation
+        if not isinstance(ann, type):  # list[Model]: the keys of its items
+            ann = next((a for a in getattr(ann, "__args__", ()) if isinstance(a, type) and issubclass(a, BaseModel)), ann)
+        current = ann if isinstance(ann, type) and issubclass(ann, BaseModel) else None
+        if current is None:
+            return []
+    return [k for k in current.model_fields if k != "source_file"]
+
+
+def format_errors(err: ValidationError, file: str, model: type[BaseModel]) -> list[str]:
+    """One line per problem of `model`'s validation: file, key, bad value, what is allowed."""
+    lines = []
+    for e in err.errors():
+        key = _loc_to_key(e["loc"])
+        bad = e.get("input")
+        if e["type"] == "extra_forbidden":
+            allowed = _allowed_keys(model, e["loc"])
+            close = difflib.get_close_matches(str(e["loc"][-1]), allowed, n=1)
+            hint = f" Did you mean {close[0]!r}?" if close else ""
+            lines.append(f"{file}: unknown key {key!r}.{hint} Allowed here: {', '.join(allowed)}.")
+            continue
+        if e["type"] == "missing":
+            lines.append(f"{file}: {key}: required key is missing.")
+            continue
+        msg = e["msg"].removeprefix("Value error, ")
+        if e["type"] == "enum":
+            msg = f"must be one of {e['ctx']['expected']}"
+        shown = repr(bad) if not isinstance(bad, dict) else "{...}"
+        lines.append(f"{file}: {key} = {shown}: {msg}.")
+    # unions report each branch; keep each distinct line once
+    return list(dict.fromkeys(lines))

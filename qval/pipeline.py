@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 
-from . import determinism
+from . import determinism, judges
 from . import models  # locate, pick_device, compute_dtype_for looked up at call time (tests replace models.locate)
 from .calibration import auto_batch_size, calibration_batches, calibration_samples  # noqa: F401  (re-exported)
 from .checksum import checksums
@@ -24,9 +24,8 @@ from .config import GateConfig
 from .data import dataset_identity
 from .diagnostics.stage import run_diagnostics
 from .engines.base import BuildContext
-from .engines.builders import ENGINES, engine_identity
+from .engines.builders import BUILDERS, engine_identity
 from .engines.hf import HFEngine
-from .engines.registry import needs_calibration
 from .errors import ConfigError
 from .gates import GATES, GateContext
 from .io import atomic_write_json, read_json
@@ -169,7 +168,7 @@ class Session:
 def calibrate(s: Session, alpha: float | None = None) -> Stage | None:
     """Run (or reuse) calibration; returns the stage whose folder holds `quant_state.pt`."""
     q = s.config.quant
-    if not q.spec.quantizes or not needs_calibration(s.config.engine.backend, s.config.engine.options):
+    if not s.config.calibrates:
         return None
     c = s.config.calibration
     stage = s.run.stage("calibrate", {
@@ -189,7 +188,8 @@ def calibrate(s: Session, alpha: float | None = None) -> Stage | None:
         # a sequential run calibrates the reference's own weights (a copy would double the memory) and reloads it
         model = s.reference.model if s.sequential else copy.deepcopy(s.reference.model)
         before = checksums(model.state_dict()) if s.sequential else s.reference.model.state_dict()
-        with s.progress.task(f"calibrate {q.format.value} ({info['samples_used']}×{c.seq_len} tokens)", len(batches)) as advance:
+        what = "the FP8 KV cache (weights as they are)" if q.kv_only else q.format.value
+        with s.progress.task(f"calibrate {what} ({info['samples_used']}×{c.seq_len} tokens)", len(batches)) as advance:
             facts = modelopt_adapter.quantize(model, q, batches, s.reference.device, alpha=alpha, on_batch=lambda i: advance(1))
         saved = modelopt_adapter.save_state(model, before, stage.path / "quant_state.pt")
         del model
@@ -211,7 +211,7 @@ def candidate_identity(s: Session, calib: Stage | None) -> dict[str, Any]:
 
 def build(s: Session, calib: Stage | None) -> Any:
     if s._candidate is None:
-        builder = ENGINES.get(s.config.engine.backend)
+        builder = BUILDERS.get(s.config.engine.backend)
         s.progress.log(f"build: {s.config.engine.backend} candidate")
         ctx = BuildContext(config=s.config, reference=s.reference, calib_state=calib.path / "quant_state.pt" if calib else None,
                            run_dir=s.run.path, log=s.progress.log, consume_reference=s.sequential)
@@ -244,6 +244,7 @@ def run_gates(s: Session, calib: Stage | None, fail_fast: bool = False) -> dict[
         })
         if stage.is_done():
             result = GateResult.from_dict(read_json(stage.path / "result.json"))
+            result.folder = stage.path  # its own files, for the gates that read them (GateContext.upstream)
             s.run.record(stage, cached=True)
             s.progress.log(f"gate {spec.name}: done earlier with the same inputs, reused")
         else:
@@ -294,6 +295,7 @@ def run_gates(s: Session, calib: Stage | None, fail_fast: bool = False) -> dict[
 
 def _finish(s: Session, stage: Stage, started: float, result: GateResult, reference: Any, before: dict[str, Any] | None,
             mem: PhaseMemory) -> None:
+    result.folder = stage.path  # its own files, for the gates that read them (GateContext.upstream)
     if before is not None:  # this gate's use of the snapshot: reference calls computed / read back
         after = reference.usage()
         result.details["snapshot"] = {"key": reference.store.key, **{k: round(after[k] - before[k], 2) for k in before}}
@@ -312,14 +314,6 @@ def fill_reference(cfg: GateConfig, progress: Progress = SILENT, out_dir: str | 
     s = Session(config=cfg, run=RunDir(Path(out_dir or cfg.report.dir), cfg.name), progress=progress)
     gates = fill_gates(s, s.run.path.parent / ".reference")
     return {"snapshot": s.snapshot_description(), "gates": gates}
-
-
-def thresholds_for(cfg: GateConfig, results: dict[str, GateResult]) -> list[Any]:
-    out = []
-    for spec in GATES.ordered():
-        if spec.enabled(cfg):
-            out.extend(spec.thresholds(cfg, results.get(spec.name)))
-    return out
 
 
 def run_gate(cfg: GateConfig, progress: Progress = SILENT, out_dir: str | None = None, alpha: float | None = None,
@@ -352,7 +346,7 @@ def run_gate(cfg: GateConfig, progress: Progress = SILENT, out_dir: str | None =
     try:
         calib = calibrate(s, alpha)
         results = run_gates(s, calib, fail_fast)
-        verdict = decide(results, thresholds_for(cfg, results))
+        verdict = judges.verdict(cfg, results)
         mode = sensitivity or cfg.diagnostics.sensitivity
         diagnostics = run_diagnostics(s, calib, mode == "always" or (mode == "auto" and not verdict.approved))
         report = schema.build_report(cfg, verdict, results, reference=reference_description(s),

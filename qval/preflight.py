@@ -23,7 +23,6 @@ from . import models  # its functions looked up at call time (tests replace mode
 from .calibration import calibration_samples
 from .data import dataset_identity, read_texts
 from .engines.builders import check_engine, engine_identity
-from .engines.registry import needs_calibration
 from .errors import ModelError, QvalError
 from .gates import GATES, context_problem
 from .io import hash_json
@@ -35,15 +34,10 @@ if TYPE_CHECKING:
 T = TypeVar("T")
 
 
-def calibrates(cfg: "GateConfig") -> bool:
-    """Whether the run calibrates: a quantized format on a backend that builds from calibration."""
-    return cfg.quant.spec.quantizes and needs_calibration(cfg.engine.backend, cfg.engine.options)
-
-
 def check_hardware(cfg: "GateConfig") -> None:
     """`device: cuda` without CUDA, or a format whose kernels need a GPU on a CPU run."""
     device = models.pick_device(cfg.model.device)
-    if calibrates(cfg):
+    if cfg.calibrates:
         check_supported(cfg.quant, device)
 
 
@@ -104,7 +98,7 @@ def preflight(cfg: "GateConfig", count_tokens: bool = True, tokenizer: Any = Non
     attempt(lambda: engine_identity(cfg))  # a checkpoint candidate's folder and weight files
     attempt(lambda: check_hardware(cfg))
     attempt(lambda: check_engine(cfg))
-    if calibrates(cfg):
+    if cfg.calibrates:
         attempt(lambda: read_texts(c.dataset, cfg.resolve(c.dataset)))
     else:
         attempt(lambda: dataset_identity(c.dataset, cfg.resolve(c.dataset)))
@@ -123,7 +117,7 @@ def preflight(cfg: "GateConfig", count_tokens: bool = True, tokenizer: Any = Non
     if tokenizer is None:
         tokenizer = attempt(lambda: reference_tokenizer(cfg))
     if tokenizer is not None:
-        if calibrates(cfg):
+        if cfg.calibrates:
             notes.append(attempt(lambda: calibration_samples(cfg, tokenizer)[1].get("shortfall")))
         notes += [attempt(lambda: spec.check(cfg, tokenizer)) for spec in gates if spec.check is not None]
     if problems:

@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Any, Literal
 
+from .errors import DataError
 from .gate_metrics import TABLES, Metric
 from .metrics import Estimate
 from .metrics.thresholds import absolute_rates
@@ -46,11 +48,25 @@ class Threshold:
 @dataclass
 class GateResult:
     gate: str
-    status: Literal["ok", "error", "nonfinite", "skipped"]  # skipped: --fail-fast, an earlier gate rejected
+    #: skipped: --fail-fast, an earlier gate rejected; pending: a sequential run finishes it once the reference
+    #: is back (GateSpec.complete), never in a report
+    status: Literal["ok", "error", "nonfinite", "skipped", "pending"]
     measurements: dict[str, Estimate] = field(default_factory=dict)
     details: dict[str, Any] = field(default_factory=dict)
     error: str | None = None
     seconds: float = 0.0
+    #: the gate's stage folder, where it wrote its own files (gate 1's per-position arrays): set by whoever runs
+    #: the gates (the pipeline, the snapshot's fill) for a result computed or read back; later gates find the
+    #: files through `GateContext.upstream`, never by a sibling folder's name. Not part of report.json.
+    folder: Path | None = None
+
+    def file(self, name: str) -> Path:
+        """One of the files this gate wrote, or a DataError naming what is missing."""
+        path = self.folder / name if self.folder is not None else None
+        if path is None or not path.is_file():
+            raise DataError(f"gate {self.gate}: its {name} is missing{f' from {self.folder}' if self.folder else ''}; "
+                            "run the gate again (delete its stage folder).")
+        return path
 
     def to_dict(self) -> dict[str, Any]:
         return {

@@ -96,14 +96,18 @@ def test_unknown_format_lists_the_formats(tmp_path):
         assert f"'{f.value}'" in out
 
 
-def test_an_fp8_kv_cache_without_a_weight_format_is_refused_in_process(tmp_path):
+def test_an_fp8_kv_cache_without_a_weight_format_is_a_kv_only_candidate(tmp_path):
     """Seen: format none + kv_cache fp8 on fakequant built the reference itself (gate 1 KLD exactly 0) and
-    approved it as an FP8 KV cache. Refused unless a server does the caching."""
+    approved it as an FP8 KV cache. Now it is a KV-cache-only candidate (tests/quantize/test_kv_only.py) on the
+    backends that build one, and refused on a backend that builds its candidate from quantized weights."""
     data = small_config("kvonly", fmt="none")
     data["quant"]["kv_cache"] = "fp8"
     code, out = cli_validate(write_config(tmp_path, data))
-    assert code == 2 and "quant.kv_cache: fp8 with quant.format: none" in out and "Traceback" not in out
-    assert load_config(str(ROOT / "checks/served_vllm_cpu_kvfp8.yaml")).quant.kv_cache.value == "fp8"  # served: allowed
+    assert code == 0 and "none weights, KV cache fp8, engine fakequant" in out
+    data["engine"] = {"backend": "realquant"}
+    code, out = cli_validate(write_config(tmp_path, data))
+    assert code == 2 and "KV-cache-only candidate" in out and "Traceback" not in out
+    assert load_config(str(ROOT / "checks/served_vllm_cpu_kvfp8.yaml")).quant.kv_only  # served: the server's FP8 KV cache
 
 
 def test_bad_threshold_type(tmp_path):

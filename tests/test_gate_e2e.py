@@ -56,9 +56,9 @@ def test_fp8_verdict_with_sane_figures(tmp_path, patch_reference):
 
 def test_planted_layer_fault_is_rejected(tmp_path, patch_reference, monkeypatch):
     """One decoder layer's weights badly damaged in the candidate only: the gate must reject."""
-    from qval.engines import ENGINES
+    from qval.engines import BUILDERS
 
-    real = ENGINES.get("fakequant")
+    real = BUILDERS.get("fakequant")
 
     def damaged(ctx):
         engine = real(ctx)
@@ -69,7 +69,7 @@ def test_planted_layer_fault_is_rejected(tmp_path, patch_reference, monkeypatch)
                     p.add_(torch.randn(p.shape, generator=g) * p.std() * 3)
         return engine
 
-    monkeypatch.setitem(ENGINES._items, "fakequant", damaged)
+    monkeypatch.setitem(BUILDERS._items, "fakequant", damaged)
     code, report, out = gate(tmp_path, small_config("damaged", fmt="none"))
     assert code == 1, out
     assert report["verdict"]["decision"] == "REJECT"

@@ -91,7 +91,7 @@ def test_sizes_that_hold_today(sizes: dict[tuple[str, str], float]) -> None:
     """The figures quoted in benchmarks/RESULTS.md ("The verdict's own error rates"), to three decimals."""
     assert round(sizes[("fp8_kvfp16", "longgen/late_top1")], 2) == 0.32
     assert round(sizes[("fp8_kvfp16", "longgen/late_drift")], 3) == 0.014
-    assert round(sizes[("fp8_kvfp16", "retrieval/drop@256")], 3) == 0.023
+    assert round(sizes[("fp8_kvfp16", "retrieval/drop@256")], 3) == 0.001  # margin 0.75 (was 0.6: 0.023)
     assert round(sizes[("fp8_kvfp16", "retrieval/drop")], 3) == 0.075
     assert round(sizes[("fp8_kvfp16", "tasks/drop@recall")], 3) == 0.038
 

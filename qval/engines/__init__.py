@@ -3,9 +3,9 @@
 - `registry`: the backends' names, options models and capabilities, as data (what a config is
   validated against; it imports no engine implementation);
 - `base`: the `Engine` interface and the `BuildContext` a builder receives;
-- `builders`: `ENGINES`, every backend's builder by name (it imports the implementations).
+- `builders`: `BUILDERS`, every backend's builder by name (it imports the implementations).
 
-This package imports only the registry, so `import qval.config` loads no engine. `ENGINES`,
+This package imports only the registry, so `import qval.config` loads no engine. `BUILDERS`,
 `engine_identity`, `check_engine` and `BuildContext` are re-exported here for compatibility and
 load their modules on first use; code inside qval imports them from their own modules.
 """
@@ -18,7 +18,7 @@ from .registry import BACKENDS, needs_calibration  # noqa: F401
 
 
 def __getattr__(name: str) -> Any:
-    if name in ("ENGINES", "engine_identity", "check_engine"):
+    if name in ("BUILDERS", "engine_identity", "check_engine"):
         from . import builders
 
         return getattr(builders, name)

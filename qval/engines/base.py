@@ -3,7 +3,7 @@
 A gate never touches a model directly: it asks an `Engine` for the logits of one chunk, for
 the logits of one long sequence piece by piece (with the KV cache, so a quantized KV cache is
 exercised the way decoding exercises it), or for greedy generations. Engines register by name
-in `qval.engines.builders.ENGINES`; the config's `engine.backend` picks the candidate's, and its
+in `qval.engines.builders.BUILDERS`; the config's `engine.backend` picks the candidate's, and its
 builder receives a `BuildContext`.
 
 Scoring methods answer `Logits` (qval/logits.py): raw logits [..., V] from an engine that computes

@@ -1,4 +1,4 @@
-"""The engine builders by name: `ENGINES.get(backend)(BuildContext) -> Engine`.
+"""The engine builders by name: `BUILDERS.get(backend)(BuildContext) -> Engine`.
 
 The one module that imports every engine implementation (explicitly, no package walking); heavy
 libraries are imported inside the builders. The names, options and capabilities are declared in
@@ -18,7 +18,7 @@ from .registry import BACKENDS
 if TYPE_CHECKING:
     from ..config import GateConfig
 
-ENGINES: Registry[Callable[[BuildContext], Engine]] = Registry("engine backend")
+BUILDERS: Registry[Callable[[BuildContext], Engine]] = Registry("engine builder")
 
 for _name, _builder in (
     ("fakequant", fakequant.build_fakequant),
@@ -28,22 +28,22 @@ for _name, _builder in (
     ("tensorrt_llm", tensorrt_llm.build_tensorrt_llm),
     ("served", served_setup.build_served),
 ):
-    ENGINES.register(_name)(_builder)
+    BUILDERS.register(_name)(_builder)
 del _name, _builder
 
-if ENGINES.names() != BACKENDS.names():
-    raise RuntimeError(f"engine builders {ENGINES.names()} and declared backends {BACKENDS.names()} differ")
+if BUILDERS.names() != BACKENDS.names():
+    raise RuntimeError(f"engine builders {BUILDERS.names()} and declared backends {BACKENDS.names()} differ")
 
 
 def engine_identity(cfg: "GateConfig") -> dict[str, Any]:
     """What a backend adds to the gates' stage keys beyond its config (e.g. a checkpoint's content)."""
-    identity = getattr(ENGINES.get(cfg.engine.backend), "identity", None)
+    identity = getattr(BUILDERS.get(cfg.engine.backend), "identity", None)
     return identity(cfg) if identity else {}
 
 
 def check_engine(cfg: "GateConfig") -> None:
     """Whether the backend can build a candidate of this config's format, asked before any model
     loads (a backend declares `check(cfg)`, raising a QvalError, when some formats are beyond it)."""
-    check = getattr(ENGINES.get(cfg.engine.backend), "check", None)
+    check = getattr(BUILDERS.get(cfg.engine.backend), "check", None)
     if check:
         check(cfg)

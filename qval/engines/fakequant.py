@@ -27,7 +27,7 @@ class FakeQuantEngine(HFEngine):
 def build_fakequant(ctx: BuildContext) -> FakeQuantEngine:
     model = ctx.reference_weights()
     notes = ["simulated quantization (ModelOpt fake quant): quantize-dequantize in high precision"]
-    quantized = ctx.config.quant.spec.quantizes
+    quantized = ctx.config.quant.has_quantizers  # weights, or a KV-cache-only candidate's K/V
     runtime = option(ctx.config.engine)
     if quantized:
         if ctx.calib_state is None:

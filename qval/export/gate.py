@@ -1,6 +1,6 @@
 """The `export_fidelity` gate: an export that does not hold the calibrated model is a REJECT.
 
-It runs for every backend that gates an export (`EXPORTING_BACKENDS`) and reads the fidelity
+It runs for every backend that gates an export (`qval.judges.export_fidelity.EXPORTING_BACKENDS`) and reads the fidelity
 report the engine's build produced. Its checks: no failed fidelity check, no weight that
 decodes to another value than the calibrated quantizer gives (rounding-midpoint ties excepted,
 see `qval.export.fidelity`).
@@ -13,10 +13,8 @@ from typing import Any
 from ..config import GateConfig
 from ..gates.base import GateContext, GateSpec
 from ..metrics.estimate import Estimate
-from ..verdict import GateResult, Threshold
-
-EXPORTING_BACKENDS = ("export", "tensorrt_llm")
-NAME = "export_fidelity"
+from ..judges.export_fidelity import NAME, enabled, thresholds
+from ..verdict import GateResult
 
 
 def run(ctx: GateContext) -> GateResult:
@@ -34,13 +32,8 @@ def run(ctx: GateContext) -> GateResult:
     return GateResult(NAME, "ok", measurements=measurements, details=details)
 
 
-def thresholds(cfg: GateConfig, result: GateResult | None) -> list[Threshold]:
-    return [Threshold(NAME, "failed_checks", "max", 0, "fidelity checks of the exported checkpoint that failed"),
-            Threshold(NAME, "weight_mismatches", "max", 0, "exported weights that decode to another value than the calibrated quantizer's")]
-
-
 def inputs(cfg: GateConfig) -> dict[str, Any]:
     return {"engine": cfg.engine.model_dump(mode="json")}
 
 
-SPEC = GateSpec(NAME, run, thresholds, inputs, lambda c: c.engine.backend in EXPORTING_BACKENDS)
+SPEC = GateSpec(NAME, run, thresholds, inputs, enabled)

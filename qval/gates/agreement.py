@@ -20,15 +20,14 @@ import torch
 from ..config import GateConfig
 from ..data import chunk, dataset_identity, load_dataset, read_texts, token_stream
 from ..errors import DataError
+from ..judges.agreement import enabled, summarize, thresholds
 from ..gate_metrics import AGREEMENT
 from ..io import atomic_write
 from ..progress import SILENT
 from ..shortfall import shortfall
-from ..metrics import delta_p_summary, kld_summary, mean_estimate, proportion, quantiles
-from ..metrics.agreement import BOUND_FIELDS, kld_bound_details
-from ..metrics.estimate import Estimate
+from ..metrics.agreement import BOUND_FIELDS
 from ..metrics.tokens import first_nonfinite, token_stats
-from ..verdict import GateResult, Threshold
+from ..verdict import GateResult
 from .base import GateContext, GateSpec
 
 FIELDS = ("kld", "top1", "p_ref", "p_cand", "nll_ref", "nll_cand")
@@ -115,38 +114,6 @@ def _save_npz(path: Any, arrays: dict[str, np.ndarray]) -> None:
         np.savez(f, **arrays)
 
 
-def summarize(a: dict[str, np.ndarray], info: dict[str, Any], seconds: float) -> GateResult:
-    kld = kld_summary(a["kld"])
-    dp = a["p_cand"] - a["p_ref"]
-    p99 = quantiles(a["kld"], [0.99])["p99"]
-    measurements = {
-        "top1": proportion(a["top1"]),
-        "mean_kld": kld["mean"],
-        "p99_kld": Estimate(value=p99, n=int(a["kld"].size)),
-        "mean_delta_p": mean_estimate(dp),
-    }
-    details = {**info, **kld_bound_details(a), "kld": {k: (v.to_dict() if hasattr(v, "to_dict") else v) for k, v in kld.items()},
-               "delta_p": {k: (v.to_dict() if hasattr(v, "to_dict") else v) for k, v in delta_p_summary(dp).items()},
-               "kld_histogram": histogram(a["kld"])}
-    return GateResult("agreement", "ok", measurements=measurements, details=details, seconds=seconds)
-
-
-def histogram(kld: np.ndarray, bins: int = 40) -> dict[str, list[float]]:
-    """Log-spaced histogram of per-position KLD, for the report's plot."""
-    pos = kld[np.isfinite(kld) & (kld > 0)]
-    if pos.size == 0:
-        return {"edges": [], "counts": [], "zeros": int(np.sum(kld == 0))}
-    edges = np.logspace(np.log10(max(pos.min(), 1e-12)), np.log10(pos.max()) + 1e-9, bins + 1)
-    counts, _ = np.histogram(pos, bins=edges)
-    return {"edges": edges.tolist(), "counts": counts.tolist(), "zeros": int(np.sum(kld <= 0))}
-
-
-def thresholds(cfg: GateConfig, result: GateResult | None) -> list[Threshold]:
-    g = cfg.gates.agreement
-    return [Threshold("agreement", m.key, m.op, limit, m.label, on=m.on)
-            for m in AGREEMENT.metrics if (limit := getattr(g, m.field)) is not None]
-
-
 def inputs(cfg: GateConfig) -> dict[str, Any]:
     g = cfg.gates.agreement
     return {"gate": g.model_dump(mode="json", exclude=AGREEMENT.cache_exclude()),
@@ -161,5 +128,5 @@ def check(cfg: GateConfig, tokenizer: Any) -> str | None:
     return chunks_for(cfg, tokenizer)[1].get("shortfall")
 
 
-SPEC = GateSpec("agreement", run, thresholds, inputs, lambda c: c.gates.agreement.enabled,
+SPEC = GateSpec("agreement", run, thresholds, inputs, enabled,
                 context=lambda c: ("gates.agreement.ctx", c.gates.agreement.ctx), check=check)

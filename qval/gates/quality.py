@@ -15,7 +15,6 @@ shared cache (qval.reference), so a second candidate never regenerates them.
 
 from __future__ import annotations
 
-import math
 import re
 import time
 from dataclasses import dataclass
@@ -23,16 +22,15 @@ from typing import Any
 
 import numpy as np
 
-from ..config import GateConfig, Sized
+from ..config import GateConfig
 from ..data import dataset_identity, load_dataset, token_stream
 from ..errors import DataError
-from ..gate_metrics import QUALITY, Metric
-from ..metrics import mean_estimate, perplexity, sized_threshold
+from ..judges.quality import enabled, perplexity_part, thresholds
+from ..gate_metrics import QUALITY
 from ..metrics.estimate import Estimate
-from ..metrics.perplexity import ppl_ratio
 from ..progress import SILENT
 from ..reference import GenerationSettings, paired_generations, render_prompts
-from ..verdict import GateResult, Threshold
+from ..verdict import GateResult
 from .base import GateContext, GateSpec
 
 
@@ -41,11 +39,11 @@ def _positions(ctx: GateContext) -> tuple[np.ndarray, np.ndarray, dict[str, Any]
     g = ctx.config.gates.quality
     if g.windowing == "sliding":
         return sliding_nll(ctx)
-    path = ctx.folder.parent / "gate_agreement" / "positions.npz"
-    if not path.is_file():
-        raise DataError(f"{path}: gate 1's scored positions are missing; run the agreement gate first (it runs "
-                        f"before gate 2 in `qval gate`), or set gates.quality.windowing: sliding.")
-    with np.load(path) as z:
+    upstream = ctx.upstream.get("agreement")
+    if upstream is None:
+        raise DataError("gate 2 reads gate 1's scored positions, and gate 1 did not run before it: enable "
+                        "gates.agreement (it runs before gate 2 in `qval gate`), or set gates.quality.windowing: sliding.")
+    with np.load(upstream.file("positions.npz")) as z:
         nll_ref, nll_cand = z["nll_ref"], z["nll_cand"]
     a = ctx.config.gates.agreement
     info = {"windowing": "chunks", "source": "gate 1 scored positions", "dataset": a.dataset, "ctx": a.ctx,
@@ -99,15 +97,6 @@ def sliding_nll(ctx: GateContext) -> tuple[np.ndarray, np.ndarray, dict[str, Any
             "description": f"sliding windows of {a.ctx} tokens, stride {stride}: each token scored once, "
                            f"the last {stride} of each window (Hugging Face strided-perplexity convention)"}
     return np.concatenate(ref_parts), np.concatenate(cand_parts), info
-
-
-def perplexity_part(nll_ref: np.ndarray, nll_cand: np.ndarray) -> tuple[dict[str, Estimate], dict[str, Any]]:
-    d = nll_cand - nll_ref
-    measurements = {"ppl_ratio": ppl_ratio(nll_cand, nll_ref), "ppl_ref": perplexity(nll_ref), "ppl_cand": perplexity(nll_cand)}
-    details = {"positions": int(d.size), "mean_nll_ref": mean_estimate(nll_ref).to_dict(),
-               "mean_nll_cand": mean_estimate(nll_cand).to_dict(), "mean_nll_diff": mean_estimate(d).to_dict(),
-               "sigma_nll_diff": float(np.std(d, ddof=1)) if d.size > 1 else float("nan")}
-    return measurements, details
 
 
 @dataclass(frozen=True)
@@ -240,64 +229,6 @@ def run(ctx: GateContext) -> GateResult:
     return GateResult("quality", "ok", measurements, details, seconds=time.perf_counter() - t0)
 
 
-_PPL = QUALITY.by_field("max_ppl_ratio")
-_DROPS = (QUALITY.by_field("max_bleu_drop"), QUALITY.by_field("max_chrf_drop"))  # per language
-
-
-def _sized_ppl(limit: Sized, result: GateResult) -> Threshold:
-    """Paired sizing on the log scale. log(ratio) = mean(d), d = nll_c − nll_r per position; its
-    noise is σ_d/√n. DESIGN's sqrt(2σ²/n) is the noise of a difference of two independent means;
-    with paired data the difference's own σ_d replaces it (σ² := σ_d²/2 gives sqrt(2σ²/n) = σ_d/√n).
-    threshold = exp(|Φ⁻¹(α)|·σ_d/√n); the detectable effect is a relative PPL increase exp(θ) − 1.
-    """
-    p = result.details["ppl"]
-    sigma_d, n = p["sigma_nll_diff"], p["positions"]
-    s = sized_threshold(0.0, sigma_d / math.sqrt(2.0), n, alpha=limit.alpha, beta=limit.beta, higher_is_better=False)
-    return Threshold("quality", _PPL.key, _PPL.op, math.exp(s.threshold), _PPL.label,
-                     "sized", math.exp(s.min_detectable_effect) - 1.0,
-                     {"sigma_nll_diff": sigma_d, "n": n, "alpha": limit.alpha, "beta": limit.beta,
-                      "effect_unit": "relative PPL increase (ratio − 1)", "test": "paired, one-sided, on log PPL"},
-                     detectable=math.exp(s.min_detectable_effect))
-
-
-def _sized_drop(m: Metric, lang_key: str, limit: Sized, result: GateResult, what: str) -> Threshold:
-    """TRT-LLM sizing of a BLEU/chrF drop: σ = per-sentence score std of the reference's
-    generations, n = sentences; threshold = |Φ⁻¹(α)|·sqrt(2σ²/n) points of drop."""
-    score = m.key.removesuffix("_drop")  # "bleu", "chrf": the group's figures are named after it
-    grp = result.details["bleu"]["groups"][lang_key]
-    sigma, n = grp[f"{score}_sentence_sigma"], grp["sentences"]
-    s = sized_threshold(0.0, sigma, n, alpha=limit.alpha, beta=limit.beta, higher_is_better=False)
-    return Threshold("quality", f"{m.key}_{lang_key}", m.op, s.threshold, what, "sized", s.min_detectable_effect,
-                     {"sigma": sigma, "n": n, "alpha": limit.alpha, "beta": limit.beta, "effect_unit": f"{score} points"},
-                     detectable=s.min_detectable_effect)
-
-
-def thresholds(cfg: GateConfig, result: GateResult | None) -> list[Threshold]:
-    g = cfg.gates.quality
-    usable = result is not None and result.status == "ok"
-    out: list[Threshold] = []
-    if isinstance(g.max_ppl_ratio, Sized) and usable:
-        out.append(_sized_ppl(g.max_ppl_ratio, result))  # type: ignore[arg-type]
-    elif g.max_ppl_ratio is not None:
-        limit = g.max_ppl_ratio if isinstance(g.max_ppl_ratio, float) else float("nan")
-        out.append(Threshold("quality", _PPL.key, _PPL.op, limit, _PPL.label))
-    for m in _DROPS:
-        limit = getattr(g, m.field)
-        if limit is None:
-            continue
-        langs = sorted(result.details["bleu"]["groups"]) if usable else []  # type: ignore[union-attr]
-        if not langs:  # the gate did not produce groups: one check that fails and says why
-            out.append(Threshold("quality", m.key, m.op, limit if isinstance(limit, float) else float("nan"),
-                                 m.describe(per="")))
-        for lang in langs:
-            what = m.describe(per=f" on the {lang} prompts, points")
-            if isinstance(limit, Sized):
-                out.append(_sized_drop(m, lang, limit, result, what))  # type: ignore[arg-type]
-            else:
-                out.append(Threshold("quality", f"{m.key}_{lang}", m.op, float(limit), what))
-    return out
-
-
 def inputs(cfg: GateConfig) -> dict[str, Any]:
     g = cfg.gates.quality
     out: dict[str, Any] = {"gate": g.model_dump(mode="json", exclude=QUALITY.cache_exclude()),
@@ -314,5 +245,5 @@ def check(cfg: GateConfig, tokenizer: Any) -> str | None:
     return None
 
 
-SPEC = GateSpec("quality", run, thresholds, inputs, lambda c: c.gates.quality.enabled, needs=("agreement",),
+SPEC = GateSpec("quality", run, thresholds, inputs, enabled, needs=("agreement",),
                 check=check)

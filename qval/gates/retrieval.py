@@ -17,19 +17,16 @@ from __future__ import annotations
 import time
 from typing import Any
 
-import numpy as np
 import torch
 
 from ..config import GateConfig
 from ..data import dataset_identity, load_dataset, read_texts, token_stream
-from ..metrics import mean_estimate
-from ..metrics.estimate import Estimate
-from ..metrics.paired import PairedCounts, noninferiority, paired_counts, wilson_interval
 from ..errors import DataError
+from ..judges.retrieval import enabled, summarize, thresholds
 from ..gate_metrics import RETRIEVAL
 from ..metrics.tokens import token_stats
 from ..progress import SILENT
-from ..verdict import GateResult, Threshold
+from ..verdict import GateResult
 from ..snapshot.engine import NOT_IN_MEMORY, ReferenceAbsent
 from .base import GateContext, GateSpec, candidate_dependent, context_problem, max_positions
 from .needles import Trial, build_trials, starts_with_digit
@@ -116,90 +113,6 @@ def run(ctx: GateContext) -> GateResult:
     return summarize(ctx.config, rows, info, time.perf_counter() - t0)
 
 
-def _wilson(k: int, n: int) -> dict[str, Any]:
-    lo, hi = wilson_interval(k, n)
-    return {"value": k / n if n else float("nan"), "lo": lo, "hi": hi, "n": n}
-
-
-def _drop(c: PairedCounts, g: Any, margin: float | None) -> dict[str, Any]:
-    # the margin changes only the pass/fail, which `thresholds` decides; 1.0 stands in when none is set
-    return noninferiority(c, margin if margin is not None else 1.0, alpha=g.alpha, beta=g.beta)
-
-
-def summarize(cfg: GateConfig, rows: list[dict[str, Any]], info: dict[str, Any], seconds: float) -> GateResult:
-    g = cfg.gates.retrieval
-    measurements: dict[str, Estimate] = {}
-    lengths, cells = [], []
-    for L in g.lengths:
-        at = [r for r in rows if r["length"] == L]
-        c = paired_counts([r["ref_right"] for r in at], [r["cand_right"] for r in at])
-        ni = _drop(c, g, g.margin)
-        measurements[f"drop@{L}"] = Estimate(ni["drop"], None, ni["lo"], ni["hi"], c.n)
-        lengths.append({"length": L, "counts": c.to_dict(), "n": c.n, "ref": _wilson(c.ref_correct, c.n),
-                        "cand": _wilson(c.cand_correct, c.n), "drop": ni, "mean_prompt_tokens": float(np.mean([r["prompt_tokens"] for r in at]))})
-        for d in g.depths:
-            here = [r for r in at if r["depth"] == d]
-            cells.append({"length": L, "depth": d, "n": len(here), "ref_right": sum(r["ref_right"] for r in here),
-                          "cand_right": sum(r["cand_right"] for r in here)})
-    c_all = paired_counts([r["ref_right"] for r in rows], [r["cand_right"] for r in rows])
-    ni_all = _drop(c_all, g, g.margin_overall)
-    measurements["drop"] = Estimate(ni_all["drop"], None, ni_all["lo"], ni_all["hi"], c_all.n)
-    measurements["answer_kld"] = mean_estimate(np.array([r["answer_kld"] for r in rows]))
-    measurements["answer_top1"] = mean_estimate(np.array([r["answer_top1"] for r in rows]))
-    for key, k in (("ref_accuracy", c_all.ref_correct), ("cand_accuracy", c_all.cand_correct)):
-        w = _wilson(k, c_all.n)
-        measurements[key] = Estimate(w["value"], None, w["lo"], w["hi"], c_all.n)
-    flips = [r for r in rows if r["ref_right"] != r["cand_right"]]
-    details = {**info, "per_length": lengths, "cells": cells, "overall": {"counts": c_all.to_dict(), "drop": ni_all},
-               "flipped": flips, "rows": rows, "alpha": g.alpha, "beta": g.beta,
-               "interval": f"Newcombe paired, two-sided {1 - 2 * g.alpha:.0%} (its upper end is the one-sided {1 - g.alpha:.0%} bound)"}
-    return GateResult("retrieval", "ok", measurements=measurements, details=details, seconds=seconds)
-
-
-def _informative(cfg: GateConfig, result: GateResult | None, length: int | None) -> tuple[bool, str | None]:
-    """A length (or the pooled matrix, `length` None) is informative when the REFERENCE solves at
-    least `min_reference_accuracy` of its trials: a task the reference cannot do shows no loss."""
-    g = cfg.gates.retrieval
-    if result is None or result.status != "ok":
-        return True, None  # the check fails for the missing result, as any other
-    if length is None:
-        c = PairedCounts(**result.details["overall"]["counts"])
-    else:
-        c = next(PairedCounts(**x["counts"]) for x in result.details["per_length"] if x["length"] == length)
-    acc = c.ref_correct / c.n if c.n else 0.0
-    if acc >= g.min_reference_accuracy:
-        return True, None
-    return False, (f"the reference itself answers {c.ref_correct} of {c.n} trials"
-                   f"{'' if length is None else f' at {length} tokens'} (below min_reference_accuracy {g.min_reference_accuracy:g})")
-
-
-def _detectable(result: GateResult | None, key: str, length: int | None) -> float | None:
-    if result is None or result.status != "ok":
-        return None
-    d = result.details["overall"]["drop"] if length is None else next(x["drop"] for x in result.details["per_length"] if x["length"] == length)
-    return d.get("detectable_drop")
-
-
-def thresholds(cfg: GateConfig, result: GateResult | None) -> list[Threshold]:
-    g = cfg.gates.retrieval
-    out = []
-    per, pooled, kld = (RETRIEVAL.by_field(f) for f in ("margin", "margin_overall", "max_answer_kld"))
-    targets: list[tuple[str, int | None, float | None]] = [(f"{per.key}@{L}", L, g.margin) for L in g.lengths]
-    targets.append((pooled.key, None, g.margin_overall))
-    for metric, length, margin in targets:
-        if margin is None:
-            continue
-        m = per if length else pooled
-        ok, why = _informative(cfg, result, length)
-        det = _detectable(result, metric, length)
-        where = f"at {length} tokens of context" if length else "over the whole matrix"
-        out.append(Threshold("retrieval", metric, m.op, margin, m.describe(where=where, level=f"{1 - g.alpha:.0%}"),
-                             "absolute", det, on=m.on, informative=ok, why_uninformative=why, detectable=det))
-    if g.max_answer_kld is not None:
-        out.append(Threshold("retrieval", kld.key, kld.op, g.max_answer_kld, kld.label, on=kld.on))
-    return out
-
-
 def inputs(cfg: GateConfig) -> dict[str, Any]:
     g = cfg.gates.retrieval
     return {"gate": g.model_dump(mode="json", exclude=RETRIEVAL.cache_exclude()),
@@ -215,6 +128,6 @@ def check(cfg: GateConfig, tokenizer: Any) -> str | None:
     return None
 
 
-SPEC = GateSpec("retrieval", run, thresholds, inputs, lambda c: c.gates.retrieval.enabled,
+SPEC = GateSpec("retrieval", run, thresholds, inputs, enabled,
                 context=lambda c: ("gates.retrieval.lengths (the longest and 16 answer tokens)",
                                    max(c.gates.retrieval.lengths) + 16), check=check)

@@ -1,6 +1,6 @@
 """Gate 4 — answers, item by item: both models answer the same items, each marked right or wrong.
 
-Suites (`qval/tasks/`) give items of three forms. A `word` item (cloze) and a `choice` item are
+Suites (`qval/suites/`) give items of three forms. A `word` item (cloze) and a `choice` item are
 scored teacher-forced through each engine's KV cache (`logits_pieces`), so a quantized KV cache is
 exercised: a word is right when greedy decoding gives exactly it (every token the argmax, then
 the word ends); a choice is the continuation with the highest summed log-probability. A
@@ -8,12 +8,12 @@ the word ends); a choice is the continuation with the highest summed log-probabi
 answers, both marks) goes to the stage folder's items.jsonl.
 
 An `lm_eval` suite runs an lm-evaluation-harness task through lm-eval's own API on each engine
-(qval/tasks/lmeval.py) and pairs the two runs' per-document marks: right/wrong for a metric such
+(qval/suites/lmeval.py) and pairs the two runs' per-document marks: right/wrong for a metric such
 as acc or exact_match, a per-document score (paired mean difference) or a perplexity (the
 log-likelihood lost per word or byte) otherwise. lm-eval's own figure for each model is kept in
 the suite's details beside qval's paired ones.
 
-Per suite (its figures: tasks_summary.py), the rule is non-inferiority: the one-sided (1 − α)
+Per suite (its figures: qval/judges/tasks.py), the rule is non-inferiority: the one-sided (1 − α)
 upper bound of the accuracy drop (Newcombe's paired interval; for scores, the normal interval of
 the paired difference) must not exceed the suite's margin; an optional limit on the flip rate is
 met by its exact upper bound. A suite whose reference is not clearly above chance is
@@ -32,19 +32,17 @@ from ..config import GateConfig, TaskSuite
 from ..data import dataset_identity
 from ..engines.concurrent import side_by_side
 from ..errors import ConfigError, DataError
+from ..judges.tasks import enabled, summarize, thresholds
 from ..gate_metrics import TASKS
 from ..io import atomic_write_text, file_fingerprint, tree_fingerprint
 from ..logits import all_finite, cat
-from ..metrics.estimate import normal_ppf
-from ..metrics.paired import PairedCounts, informative
 from ..progress import SILENT
 from ..snapshot.engine import NOT_IN_MEMORY, ReferenceAbsent
-from ..tasks import lmeval, lmeval_task
-from ..tasks.base import OPEN_CHANCE, SUITES, Item
-from ..tasks.scoring import MATCHERS, continuation_logprob, pick, word_mark
-from ..verdict import GateResult, Threshold
+from ..suites import lmeval, lmeval_task
+from ..suites.base import OPEN_CHANCE, SUITES, Item
+from ..suites.scoring import MATCHERS, continuation_logprob, pick, word_mark
+from ..verdict import GateResult
 from .base import GateContext, GateSpec, candidate_dependent
-from .tasks_summary import summarize
 
 WORD_SHOWN = 6  # greedy tokens decoded to show what a model answered on a flipped cloze item
 
@@ -182,7 +180,7 @@ def lmeval_max_length(ctx: GateContext, suite: TaskSuite) -> int:
 def run_lmeval_suite(ctx: GateContext, suite: TaskSuite) -> dict[str, Any]:
     """One lm-eval task on both engines, paired by document: the suite's entry with its rows."""
     lmeval_task.require(suite)
-    from ..tasks.lmeval_lm import EngineLM, NonFiniteLogits
+    from ..suites.lmeval_lm import EngineLM, NonFiniteLogits
 
     g = ctx.config.gates.tasks
     length = lmeval_max_length(ctx, suite)
@@ -255,58 +253,6 @@ def run(ctx: GateContext) -> GateResult:
     return summarize(ctx.config, suites, time.perf_counter() - t0)
 
 
-def _suite_result(result: GateResult | None, label: str) -> dict[str, Any] | None:
-    if result is None or result.status != "ok":
-        return None
-    return next((s for s in result.details.get("suites", []) if s["suite"] == label), None)
-
-
-def _informative(suite: TaskSuite, s: dict[str, Any] | None) -> tuple[bool, str | None]:
-    """Informative when the REFERENCE is clearly above chance on the suite (its one-sided
-    (1 − α) Wilson lower bound exceeds it): a task the reference cannot do shows no loss."""
-    if s is None:
-        return True, None  # the check fails for the missing result, as any other
-    if s.get("kind") in ("mean", "loglik"):
-        return _score_informative(suite, s)
-    c = PairedCounts(**s["counts"])
-    chance = suite.chance if suite.chance is not None else s["default_chance"]  # the config's, even on a stored result
-    if informative(c.ref_correct, c.n, chance, suite.alpha):
-        return True, None
-    return False, (f"the reference itself answers {c.ref_correct} of {c.n} items of suite {suite.label}, not clearly "
-                   f"above chance ({chance:.3g})")
-
-
-def _score_informative(suite: TaskSuite, s: dict[str, Any]) -> tuple[bool, str | None]:
-    """A score suite is informative unless its config sets a `chance` the reference's mean score
-    does not clearly exceed (its one-sided (1 − α) lower bound); a perplexity has no chance."""
-    if suite.chance is None or s["kind"] == "loglik":
-        return True, None
-    st = s["drop"]
-    bound = st["ref_mean"] - normal_ppf(1 - suite.alpha) * st["ref_stderr"]
-    if bound > suite.chance:
-        return True, None
-    return False, (f"the reference's mean score on suite {suite.label} is {st['ref_mean']:.4g}, not clearly above "
-                   f"chance ({suite.chance:.3g})")
-
-
-def thresholds(cfg: GateConfig, result: GateResult | None) -> list[Threshold]:
-    out = []
-    drop, flips = TASKS.by_field("margin"), TASKS.by_field("max_flip_rate")
-    for suite in cfg.gates.tasks.suites:
-        s = _suite_result(result, suite.label)
-        ok, why = _informative(suite, s)
-        det = s["drop"].get("detectable_drop") if s else None
-        what = ("accuracy drop (reference − candidate)" if s is None or s.get("kind", "binary") == "binary"
-                else f"drop in {s['drop'].get('unit', 'score')}")
-        out.append(Threshold("tasks", f"{drop.key}@{suite.label}", drop.op, suite.margin,
-                             drop.describe(what=what, suite=suite.label, level=f"{1 - suite.alpha:.0%}"), "absolute",
-                             det, on=drop.on, informative=ok, why_uninformative=why, detectable=det))
-        if suite.max_flip_rate is not None:
-            out.append(Threshold("tasks", f"{flips.key}@{suite.label}", flips.op, suite.max_flip_rate,
-                                 flips.describe(suite=suite.label), on=flips.on, informative=ok, why_uninformative=why))
-    return out
-
-
 def inputs(cfg: GateConfig) -> dict[str, Any]:
     g = cfg.gates.tasks
     data = {}
@@ -352,4 +298,4 @@ def check(cfg: GateConfig, tokenizer: Any) -> str | None:
     return "; ".join(n for n in notes if n) or None
 
 
-SPEC = GateSpec("tasks", run, thresholds, inputs, lambda c: c.gates.tasks.enabled, check=check)
+SPEC = GateSpec("tasks", run, thresholds, inputs, enabled, check=check)

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 from qval.metrics.agreement import delta_p_summary, kld_summary, top1_summary
 from qval.metrics.estimate import Estimate, mean_estimate, normal_ppf, proportion, quantiles
 from qval.metrics.perplexity import perplexity, ppl_ratio
-from qval.metrics.thresholds import SizedThreshold, sized_threshold
+from qval.metrics.thresholds import Sizing, sized_threshold
 
 _LAZY: dict[str, str] = {
     # tokens: per-position statistics from logits (torch)
@@ -39,7 +39,7 @@ __all__ = sorted(
         "Estimate", "proportion", "mean_estimate", "quantiles", "normal_ppf",
         "kld_summary", "delta_p_summary", "top1_summary",
         "perplexity", "ppl_ratio",
-        "SizedThreshold", "sized_threshold",
+        "Sizing", "sized_threshold",
         *_LAZY,
     ]
 )

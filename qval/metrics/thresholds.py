@@ -19,7 +19,7 @@ from qval.metrics.estimate import normal_ppf
 
 
 @dataclass(frozen=True)
-class SizedThreshold:
+class Sizing:
     """A threshold with the statistics that sized it (all kept for the report)."""
 
     threshold: float
@@ -40,7 +40,7 @@ def sized_threshold(
     alpha: float = 0.05,
     beta: float = 0.2,
     higher_is_better: bool = True,
-) -> SizedThreshold:
+) -> Sizing:
     """threshold = ref ± Φ⁻¹(α)·sqrt(2σ²/n); θ = −(Φ⁻¹(α) + Φ⁻¹(β))·sqrt(2σ²/n).
 
     Φ⁻¹(α) < 0, so for a higher-is-better score the threshold is a lower bound below ref; for a
@@ -67,7 +67,7 @@ def sized_threshold(
     z_alpha, z_beta = normal_ppf(alpha), normal_ppf(beta)
     margin = z_alpha * noise  # negative
     threshold = ref_value + margin if higher_is_better else ref_value - margin
-    return SizedThreshold(
+    return Sizing(
         threshold=threshold,
         min_detectable_effect=-(z_alpha + z_beta) * noise,
         ref_value=float(ref_value),

@@ -135,8 +135,8 @@ def _nvfp4(cfg: dict[str, Any], q: Settings, alpha: float | None) -> dict[str, A
     return cfg  # E2M1 in blocks of 16 with an E4M3 scale per block
 
 
-@register_format("none", weight_bits=16, activation_bits=None, needs_cuda=False, preset=None, quantizes=False,
-                 kv_cache=False)
+@register_format("none", weight_bits=16, activation_bits=None, needs_cuda=False, preset=None, quantizes=False)
 def _none(cfg: None, q: Settings, alpha: float | None) -> dict[str, Any]:
+    # every quantizer off; with kv_cache fp8 build_mtq_config switches the KV quantizers back on: a KV-cache-only candidate
     return {"quant_cfg": [{"quantizer_name": "*", "enable": False}], "algorithm": None}
 

@@ -49,6 +49,8 @@ def build_mtq_config(q: QuantConfig, alpha: float | None = None) -> dict[str, An
         entries.append({"quantizer_name": f"{pattern}.*", "enable": False})
     if spec.kv_cache and q.kv_cache is KVCache.fp8:
         entries.append({"quantizer_name": KV_QUANTIZERS, "cfg": {"num_bits": (4, 3), "axis": None}})
+        if q.kv_only:  # nothing else to calibrate: the K/V amax by max, as ModelOpt's presets do
+            cfg["algorithm"] = "max"
     else:
         entries.append({"quantizer_name": KV_QUANTIZERS, "enable": False})
     cfg["quant_cfg"] = entries
@@ -107,7 +109,7 @@ def quantize(
     check_supported(q, device)
     cfg = build_mtq_config(q, alpha)
     t0 = time.perf_counter()
-    if not q.spec.quantizes:
+    if not q.has_quantizers:
         return {"seconds": 0.0, "quantizers_enabled": 0, "mtq_config": cfg}
     with _quiet():
         mtq.quantize(model, cfg, forward_loop=make_forward_loop(batches, device, on_batch))

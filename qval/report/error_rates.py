@@ -16,11 +16,13 @@ from typing import Any
 from .numbers import fmt
 
 #: config name -> {"source", "variants", "rejected", "checks": {"gate/metric": {"limit" or "alpha", "failed"[, "uninformative"]}}}
-#: written from benchmarks/results/h200_error_rates_fp8_kvfp16_healthy.json (benchmarks/error_rates.py)
+#: written from the healthy variants of benchmarks/results/h200_error_rates_<name>_*.json (benchmarks/error_rates.py);
+#: an absolute limit re-derived after the measurement is judged from the stored figures at the new limit
+#: (tests/report/test_error_rates.py re-judges every entry the same way)
 MEASURED: dict[str, dict[str, Any]] = {
     "fp8_kvfp16": {
         "source": "H200, float32, 2026-12-03; benchmarks/RESULTS.md, \"The verdict's own error rates\"",
-        "variants": 18, "rejected": 0,
+        "variants": 21, "rejected": 0,
         "checks": {
             "agreement/top1": {"limit": 0.86, "failed": 0},
             "agreement/mean_kld": {"limit": 0.05, "failed": 0},
@@ -39,15 +41,51 @@ MEASURED: dict[str, dict[str, Any]] = {
             "quality/bleu_drop_zh": {"alpha": 0.005, "failed": 0},
             "quality/chrf_drop_en": {"alpha": 0.005, "failed": 0},
             "quality/chrf_drop_zh": {"alpha": 0.005, "failed": 0},
-            "longgen/late_top1": {"limit": 0.99, "failed": 0, "uninformative": 18},
-            "longgen/late_drift": {"limit": 0.05, "failed": 0, "uninformative": 18},
+            "longgen/late_top1": {"limit": 0.99, "failed": 0, "uninformative": 21},
+            "longgen/late_drift": {"limit": 0.05, "failed": 0, "uninformative": 21},
             "longgen/seq_rep4_excess": {"alpha": 0.005, "failed": 0},
             "longgen/judge_nll_excess": {"alpha": 0.005, "failed": 0},
             "longgen/loops_excess": {"alpha": 0.005, "failed": 0},
-            "retrieval/drop@256": {"limit": 0.6, "failed": 0},
-            "retrieval/drop@512": {"limit": 0.6, "failed": 0},
-            "retrieval/drop@1024": {"limit": 0.6, "failed": 0},
-            "retrieval/drop@2048": {"limit": 0.6, "failed": 0},
+            "retrieval/drop@256": {"limit": 0.75, "failed": 0},
+            "retrieval/drop@512": {"limit": 0.75, "failed": 0},
+            "retrieval/drop@1024": {"limit": 0.75, "failed": 0},
+            "retrieval/drop@2048": {"limit": 0.75, "failed": 0},
+            "retrieval/drop": {"limit": 0.3, "failed": 0},
+            "tasks/drop@recall": {"limit": 0.2, "failed": 0},
+            "tasks/drop@cloze": {"limit": 0.2, "failed": 0},
+            "tasks/drop@choice": {"limit": 0.2, "failed": 0},
+        },
+    },
+    "fp8_kvfp8": {
+        "source": "H200, float32, 2026-12-03; benchmarks/RESULTS.md, \"The verdict's own error rates\" (max_ppl_ratio and the retrieval margin re-derived from the first 18 variants and judged at the new limits; 9 more measured after)",
+        "variants": 27, "rejected": 1,
+        "checks": {
+            "agreement/top1": {"limit": 0.85, "failed": 0},
+            "agreement/mean_kld": {"limit": 0.06, "failed": 0},
+            "agreement/p99_kld": {"limit": 0.45, "failed": 0},
+            "depth/top1@0-512": {"limit": 0.81, "failed": 0},
+            "depth/mean_kld@0-512": {"limit": 0.06, "failed": 0},
+            "depth/p99_kld@0-512": {"limit": 0.4, "failed": 0},
+            "depth/top1@512-1024": {"limit": 0.81, "failed": 0},
+            "depth/mean_kld@512-1024": {"limit": 0.06, "failed": 0},
+            "depth/p99_kld@512-1024": {"limit": 0.4, "failed": 0},
+            "depth/top1@1024-2047": {"limit": 0.81, "failed": 0},
+            "depth/mean_kld@1024-2047": {"limit": 0.06, "failed": 0},
+            "depth/p99_kld@1024-2047": {"limit": 0.4, "failed": 0},
+            "quality/ppl_ratio": {"limit": 1.055, "failed": 0},
+            "quality/bleu_drop_en": {"alpha": 0.005, "failed": 0},
+            "quality/bleu_drop_zh": {"alpha": 0.005, "failed": 0},
+            "quality/chrf_drop_en": {"alpha": 0.005, "failed": 0},
+            "quality/chrf_drop_zh": {"alpha": 0.005, "failed": 0},
+            "longgen/late_top1": {"limit": 0.99, "failed": 0, "uninformative": 27},
+            "longgen/late_drift": {"limit": 0.05, "failed": 0, "uninformative": 27},
+            "longgen/seq_rep4_excess": {"alpha": 0.005, "failed": 0},
+            "longgen/judge_nll_excess": {"alpha": 0.005, "failed": 1},
+            "longgen/loops_excess": {"alpha": 0.005, "failed": 0},
+            "retrieval/drop@256": {"limit": 0.75, "failed": 0},
+            "retrieval/drop@512": {"limit": 0.75, "failed": 0},
+            "retrieval/drop@1024": {"limit": 0.75, "failed": 0},
+            "retrieval/drop@2048": {"limit": 0.75, "failed": 0},
             "retrieval/drop": {"limit": 0.3, "failed": 0},
             "tasks/drop@recall": {"limit": 0.2, "failed": 0},
             "tasks/drop@cloze": {"limit": 0.2, "failed": 0},

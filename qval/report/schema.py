@@ -27,7 +27,7 @@ def now() -> str:
 def data_identities(cfg: GateConfig) -> dict[str, Any]:
     """Every data set the run read, with its content hash."""
     out: dict[str, Any] = {}
-    if cfg.quant.spec.quantizes:
+    if cfg.calibrates:  # a checkpoint's or a server's own model read no calibration data
         out["calibration"] = dataset_identity(cfg.calibration.dataset, cfg.resolve(cfg.calibration.dataset))
     for spec in GATES.ordered():
         if spec.enabled(cfg):

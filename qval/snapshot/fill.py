@@ -29,7 +29,7 @@ def fill_gates(s: Any, shared: Path) -> dict[str, Any]:
                 if not spec.enabled(s.config):
                     continue
                 before = reference.usage()
-                folder = Path(tmp) / f"gate_{spec.name}"  # as in a run folder: gate 2 reads gate 1's positions
+                folder = Path(tmp) / f"gate_{spec.name}"  # as in a run folder
                 folder.mkdir()
                 torch.manual_seed(s.config.seed)
                 with PhaseMemory() as mem:
@@ -37,6 +37,7 @@ def fill_gates(s: Any, shared: Path) -> dict[str, Any]:
                                       shared_cache=shared, reference_fingerprint=s.reference.fingerprint, progress=s.progress,
                                       upstream=done)
                     result = spec.run(ctx)
+                result.folder = folder  # gate 2 reads gate 1's positions through `done` (GateContext.upstream)
                 done[spec.name] = result
                 after = reference.usage()
                 gates[spec.name] = {"status": result.status, "error": result.error, "memory": mem.describe(),

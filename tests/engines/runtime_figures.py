@@ -74,7 +74,7 @@ def calibrated(reference: Any, kv: str, folder: Path) -> Path:
 
 
 def candidate(reference: Any, kv: str, folder: Path, options: dict[str, Any] | None = None) -> Any:
-    from qval.engines import ENGINES
+    from qval.engines import BUILDERS
     from qval.engines.base import BuildContext
     from tests.conftest import small_config
 
@@ -84,7 +84,7 @@ def candidate(reference: Any, kv: str, folder: Path, options: dict[str, Any] | N
                        "<runtime figures>")
     ctx = BuildContext(config=cfg, reference=reference, calib_state=calibrated(reference, kv, folder), run_dir=folder,
                        log=lambda m: None)
-    return ENGINES.get("fakequant")(ctx)
+    return BUILDERS.get("fakequant")(ctx)
 
 
 def figures(reference: Any, folder: Path, runtime: str | None = None) -> dict[str, Any]:

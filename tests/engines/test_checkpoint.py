@@ -24,10 +24,10 @@ def _copy_without_weights(src: Path, dst: Path) -> Path:
 
 
 def _build(default_model, folder: Path, tmp_path: Path, fmt: str = "fp8"):  # noqa: ANN001, ANN202
-    from qval.engines import ENGINES
+    from qval.engines import BUILDERS
 
     cfg = gate_config("ckpt", fmt, engine={"backend": "checkpoint", "path": str(folder)})
-    return ENGINES.get("checkpoint")(build_context(default_model, cfg, None, tmp_path))
+    return BUILDERS.get("checkpoint")(build_context(default_model, cfg, None, tmp_path))
 
 
 def test_vocab_size_mismatch_is_refused(default_model, tmp_path):

@@ -73,13 +73,13 @@ def test_the_thread_count_is_shared_then_restored():
 @pytest.mark.slow
 @needs_two
 def test_side_by_side_decoding_beside_a_fakequant_candidate_gives_the_tokens_of_decoding_alone(default_model, tmp_path):
-    from qval.engines import ENGINES
+    from qval.engines import BUILDERS
     from tests.engines.calibrated import build_context, calibrated_state, gate_config
 
     tok = default_model.tokenizer
     ref = HFEngine(default_model.model, tok)
     cfg = gate_config("pair", "fp8", kv="fp8")
-    cand = ENGINES.get("fakequant")(build_context(default_model, cfg, calibrated_state(default_model, "fp8", "fp8"), tmp_path))
+    cand = BUILDERS.get("fakequant")(build_context(default_model, cfg, calibrated_state(default_model, "fp8", "fp8"), tmp_path))
     prompts = [tok(p)["input_ids"] for p in ("The capital of France is", "Once upon a time", "Water boils at")]
     pair = [ref, cand]
 

@@ -19,7 +19,7 @@ ENGINES_ON_CPU = ["fakequant", "realquant", "export", "checkpoint", "tensorrt_ll
 
 @pytest.fixture(scope="module")
 def engines(default_model, tmp_path_factory):
-    from qval.engines import ENGINES
+    from qval.engines import BUILDERS
     from qval.engines.hf import HFEngine
     from qval.engines.tensorrt_llm import TensorRTLLMEngine
     from tests.engines import trtllm_standin
@@ -31,9 +31,9 @@ def engines(default_model, tmp_path_factory):
     for name in ("fakequant", "realquant", "export"):
         cfg = gate_config(f"contract-{name}", "fp8", engine={"backend": name})
         ctx = build_context(default_model, cfg, state, build.folder.parent if name == "export" else run)
-        out[name] = ENGINES.get(name)(ctx)
+        out[name] = BUILDERS.get(name)(ctx)
     cfg = gate_config("contract-checkpoint", "fp8", engine={"backend": "checkpoint", "path": str(build.folder)})
-    out["checkpoint"] = ENGINES.get("checkpoint")(build_context(default_model, cfg, None, run))
+    out["checkpoint"] = BUILDERS.get("checkpoint")(build_context(default_model, cfg, None, run))
     llm = trtllm_standin.LLM(model=str(build.folder))
     llm.hf_model = out["export"].model  # the stand-in computes with the export read back
     eos = HFEngine(default_model.model, default_model.tokenizer).eos_ids()

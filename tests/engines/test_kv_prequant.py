@@ -13,11 +13,11 @@ from tests.engines.calibrated import build_context, calibrated_state, gate_confi
 
 @pytest.fixture(scope="module")
 def fp8_kv_engine(default_model, tmp_path_factory):
-    from qval.engines import ENGINES
+    from qval.engines import BUILDERS
 
     state = calibrated_state(default_model, "fp8", "fp8")
     cfg = gate_config("kvpre", "fp8", kv="fp8")
-    return ENGINES.get("fakequant")(build_context(default_model, cfg, state, tmp_path_factory.mktemp("kvpre")))
+    return BUILDERS.get("fakequant")(build_context(default_model, cfg, state, tmp_path_factory.mktemp("kvpre")))
 
 
 def modelopt_path(engine):
@@ -50,16 +50,16 @@ def test_bit_identical_through_the_cache_and_in_generation(fp8_kv_engine, defaul
 
 
 def test_kv_fp16_candidate_has_nothing_to_move(default_model, tmp_path):
-    from qval.engines import ENGINES
+    from qval.engines import BUILDERS
 
     state = calibrated_state(default_model, "fp8", "fp16")
-    eng = ENGINES.get("fakequant")(build_context(default_model, gate_config("kvpre16", "fp8"), state, tmp_path))
+    eng = BUILDERS.get("fakequant")(build_context(default_model, gate_config("kvpre16", "fp8"), state, tmp_path))
     assert eng.kv_quantizers == {}
     assert not any("cache" in n and "entry" in n for n in eng.describe()["notes"])
 
 
 def test_self_check_refuses_an_entry_quantization_that_differs(default_model, tmp_path, monkeypatch):
-    from qval.engines import ENGINES, kvcache
+    from qval.engines import BUILDERS, kvcache
 
     def off_by_a_little(self, inputs, *args, **kwargs):  # marked K/V scaled: the logits move
         if getattr(inputs, kvcache.PREQUANTIZED, False):
@@ -68,7 +68,7 @@ def test_self_check_refuses_an_entry_quantization_that_differs(default_model, tm
 
     monkeypatch.setattr(kvcache, "_pass_prequantized", off_by_a_little)
     state = calibrated_state(default_model, "fp8", "fp8")
-    eng = ENGINES.get("fakequant")(build_context(default_model, gate_config("kvpre-bad", "fp8", kv="fp8"), state, tmp_path))
+    eng = BUILDERS.get("fakequant")(build_context(default_model, gate_config("kvpre-bad", "fp8", kv="fp8"), state, tmp_path))
     assert eng.kv_quantizers == {}
     assert any("not bit-identical" in n and "kept ModelOpt's" in n for n in eng.describe()["notes"])
     attn = eng.model.model.layers[0].self_attn

@@ -17,15 +17,15 @@ pytestmark = pytest.mark.slow
 def pair(default_model, tmp_path_factory):
     """The FP8 fakequant engine as qval builds it (lean forwards) and the same engine with
     ModelOpt's forwards put back."""
-    from qval.engines import ENGINES
+    from qval.engines import BUILDERS
     from qval.engines.fakequant import FakeQuantEngine
     from qval.engines.leanfp8 import _restore
 
     state = calibrated_state(default_model, "fp8", "fp8")  # FP8 KV cache too: the bmm quantizers stay ModelOpt's
     cfg = gate_config("lean", "fp8", kv="fp8")
     ctx = build_context(default_model, cfg, state, tmp_path_factory.mktemp("lean"))
-    lean = ENGINES.get("fakequant")(ctx)
-    plain = ENGINES.get("fakequant")(ctx)
+    lean = BUILDERS.get("fakequant")(ctx)
+    plain = BUILDERS.get("fakequant")(ctx)
     mods = [m for m in plain.model.modules() if hasattr(m.forward, "modelopt_forward")]
     _restore(mods)
     return lean, FakeQuantEngine(plain.model, plain.tokenizer), len(mods)
@@ -51,11 +51,11 @@ def test_logits_pieces_and_generation_are_bit_identical(pair, default_model):
 
 
 def test_self_check_refuses_a_forward_that_differs(default_model, tmp_path, monkeypatch):
-    from qval.engines import ENGINES, leanfp8
+    from qval.engines import BUILDERS, leanfp8
 
     monkeypatch.setattr(leanfp8, "FP8_MAX", 447.0)  # a wrong scale: logits change
     state = calibrated_state(default_model, "fp8", "fp16")
-    eng = ENGINES.get("fakequant")(build_context(default_model, gate_config("lean-bad", "fp8"), state, tmp_path))
+    eng = BUILDERS.get("fakequant")(build_context(default_model, gate_config("lean-bad", "fp8"), state, tmp_path))
     notes = eng.describe()["notes"]
     assert any("not bit-identical" in n and "ModelOpt's forward kept" in n for n in notes), notes
     assert not any(hasattr(m.forward, "modelopt_forward") for m in eng.model.modules())

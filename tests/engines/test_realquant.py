@@ -28,12 +28,12 @@ def test_cpu_fp8_gemm_agrees_with_dequantized_matmul():
 def test_fp8_realquant_on_cpu(default_model, tmp_path):
     """Default on a CPU: FP8 storage, emulated GEMM (named as such); then the same engine routed
     through torch._scaled_mm. Both stay close to the fake-quant candidate."""
-    from qval.engines import ENGINES
+    from qval.engines import BUILDERS
     from qval.engines.realquant import install_cpu_fp8
 
     state = calibrated_state(default_model, "fp8")
-    rq = ENGINES.get("realquant")(build_context(default_model, gate_config("rq", "fp8", engine={"backend": "realquant"}), state, tmp_path))
-    fq = ENGINES.get("fakequant")(build_context(default_model, gate_config("fq", "fp8"), state, tmp_path))
+    rq = BUILDERS.get("realquant")(build_context(default_model, gate_config("rq", "fp8", engine={"backend": "realquant"}), state, tmp_path))
+    fq = BUILDERS.get("fakequant")(build_context(default_model, gate_config("fq", "fp8"), state, tmp_path))
     ids = torch.tensor([default_model.tokenizer("A quantized model should still know that water boils at")["input_ids"]])
     a = fq.logits(ids)[0]
     d = rq.describe()
@@ -52,11 +52,11 @@ def test_fp8_realquant_on_cpu(default_model, tmp_path):
 
 @pytest.mark.slow
 def test_int4_realquant_names_its_emulation(default_model, tmp_path):
-    from qval.engines import ENGINES
+    from qval.engines import BUILDERS
 
     state = calibrated_state(default_model, "int4_awq")
     cfg = gate_config("rq4", "int4_awq", engine={"backend": "realquant"})
-    rq = ENGINES.get("realquant")(build_context(default_model, cfg, state, tmp_path))
+    rq = BUILDERS.get("realquant")(build_context(default_model, cfg, state, tmp_path))
     ids = torch.tensor([default_model.tokenizer("Short input")["input_ids"]])
     assert bool(torch.isfinite(rq.logits(ids)).all())
     d = rq.describe()
@@ -66,9 +66,9 @@ def test_int4_realquant_names_its_emulation(default_model, tmp_path):
 
 
 def test_realquant_refuses_format_none(default_model, tmp_path):
-    from qval.engines import ENGINES
+    from qval.engines import BUILDERS
     from qval.errors import StageError
 
     cfg = gate_config("rq-none", "none", engine={"backend": "realquant"})
     with pytest.raises(StageError, match="nothing to compress"):
-        ENGINES.get("realquant")(build_context(default_model, cfg, None, tmp_path))
+        BUILDERS.get("realquant")(build_context(default_model, cfg, None, tmp_path))

@@ -13,10 +13,10 @@ from .test_gates_e2e import exact_gates, gate
 
 @pytest.mark.slow
 def test_a_top_k_candidate_passes_the_identity_limits_through_every_gate(tmp_path, patch_reference, monkeypatch):
-    from qval.engines import ENGINES
+    from qval.engines import BUILDERS
 
-    real = ENGINES.get("fakequant")
-    monkeypatch.setitem(ENGINES._items, "fakequant", lambda ctx: TopKEngine(real(ctx), 16))
+    real = BUILDERS.get("fakequant")
+    monkeypatch.setitem(BUILDERS._items, "fakequant", lambda ctx: TopKEngine(real(ctx), 16))
     data = exact_gates(tmp_path, "topk-identity")
     data["gates"]["tasks"] = {"suites": [{"builtin": "choice", "size": 12, "margin": 0.2, "max_flip_rate": 0.3},
                                          {"builtin": "cloze", "size": 12, "margin": 0.2, "max_flip_rate": 0.3}]}

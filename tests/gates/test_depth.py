@@ -14,7 +14,7 @@ import torch
 
 from qval.config import parse_config
 from qval.gates import GATES, GateContext
-from qval.gates.depth import bucket_spans, divergence, first_beyond, summarize
+from qval.judges.depth import bucket_spans, divergence, first_beyond, summarize
 from qval.verdict import decide
 
 from ..conftest import ROOT, small_config
@@ -137,7 +137,7 @@ def test_candidate_diverging_past_600_is_rejected_at_depth_but_not_by_gate_1(def
 def test_fp8_kv_candidate_with_damaged_kv_scales_is_rejected(default_model, tmp_path: Path):
     """The same calibrated FP8-KV candidate passes with its own KV scales and is rejected once
     its key/value amax is cut to 5 % (the cache clips: missing or defaulted scales)."""
-    from qval.engines import ENGINES
+    from qval.engines import BUILDERS
 
     from ..engines.calibrated import build_context, calibrated_state, gate_config
 
@@ -150,7 +150,7 @@ def test_fp8_kv_candidate_with_damaged_kv_scales_is_rejected(default_model, tmp_
     ref = HFEngine(default_model.model, default_model.tokenizer)
     figures = {}
     for damaged in (False, True):
-        cand = ENGINES.get("fakequant")(build_context(default_model, cfg, state, tmp_path))
+        cand = BUILDERS.get("fakequant")(build_context(default_model, cfg, state, tmp_path))
         if damaged:
             from qval.quantize.modelopt_adapter import iter_quantizers
 

@@ -97,10 +97,10 @@ def test_identity_passes_all_three_gates_exactly_and_reuses_the_reference(tmp_pa
 def damage_kv(factor: float):
     """A fakequant builder whose K/V quantizer scales are `factor` times too small: keys and
     values clip hard, the way a KV scale calibrated on the wrong data or mis-exported would."""
-    from qval.engines import ENGINES
+    from qval.engines import BUILDERS
     from qval.quantize.modelopt_adapter import iter_quantizers
 
-    real = ENGINES.get("fakequant")
+    real = BUILDERS.get("fakequant")
 
     def build(ctx):
         engine = real(ctx)
@@ -117,14 +117,14 @@ def damage_kv(factor: float):
 
 @pytest.mark.slow
 def test_kv_cache_fault_is_caught_by_gate3(tmp_path, patch_reference, monkeypatch, capsys):
-    from qval.engines import ENGINES
+    from qval.engines import BUILDERS
 
     longgen = {"new_tokens": 128, "window": 32, "edge": 32, "max_prompts": 2, "batch_size": 2,
                "min_late_top1": 0.6, "max_late_kld": 0.5, "max_seq_rep4_excess": 0.5}
     figures = {}
     for name, builder in (("kv-fp8", None), ("kv-fp8-amax-div50", damage_kv(50.0))):
         if builder is not None:
-            monkeypatch.setitem(ENGINES._items, "fakequant", builder)
+            monkeypatch.setitem(BUILDERS._items, "fakequant", builder)
         data = small_config(name, fmt="fp8", kv="fp8", gates={"longgen": longgen}, diagnostics=NO_DIAGNOSTICS)
         data["gates"]["agreement"]["tokens"] = 2048
         code, report, out = gate(tmp_path, data)

@@ -16,7 +16,8 @@ from qval.config import Sized, parse_config
 from qval.errors import ConfigError
 from qval.gate_metrics import LONGGEN
 from qval.gates import GateContext
-from qval.gates.longgen import _sized, edges, health, run, thresholds
+from qval.gates.longgen import run
+from qval.judges.longgen import _sized, edges, health, thresholds
 from qval.metrics.text import seq_rep_n
 from qval.metrics.estimate import Estimate
 from qval.verdict import GateResult, decide

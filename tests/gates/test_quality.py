@@ -15,16 +15,8 @@ from qval.config import Sized, parse_config
 from qval.errors import ConfigError, DataError
 from qval.gate_metrics import QUALITY
 from qval.gates import GateContext
-from qval.gates.quality import (
-    _sized_drop,
-    _sized_ppl,
-    bleu_records,
-    paired_bootstrap_drop,
-    perplexity_part,
-    score_language,
-    sliding_windows,
-    thresholds,
-)
+from qval.gates.quality import _positions, bleu_records, paired_bootstrap_drop, score_language, sliding_windows
+from qval.judges.quality import _sized_drop, _sized_ppl, perplexity_part, thresholds
 from qval.verdict import GateResult, decide
 
 REFS = ["The train leaves at eight o'clock.", "I forgot my umbrella at home.", "My sister works in a hospital.",
@@ -201,3 +193,23 @@ def test_bleu_records_must_have_prompt_reference_lang(tmp_path: Path) -> None:
                       shared_cache=tmp_path, reference_fingerprint="x")
     with pytest.raises(DataError, match="record 1 needs .* missing or empty: reference"):
         bleu_records(ctx)
+
+
+def test_gate_2_reads_gate_1s_positions_through_upstream_not_a_sibling_folder(tmp_path: Path) -> None:
+    """Gate 2 takes gate 1's per-position NLLs from the result gate 1 handed on (its own folder), wherever
+    that folder is; a result without the file is a DataError that names it, never a guess at a path."""
+    elsewhere = tmp_path / "somewhere" / "else"
+    elsewhere.mkdir(parents=True)
+    np.savez(elsewhere / "positions.npz", nll_ref=np.array([1.0, 2.0]), nll_cand=np.array([1.5, 2.5]))
+    cfg = _cfg(max_ppl_ratio=1.1)
+    up = GateResult("agreement", "ok", folder=elsewhere)
+    ctx = GateContext(config=cfg, reference=None, candidate=None, tokenizer=None, folder=tmp_path / "gate_quality",  # type: ignore[arg-type]
+                      shared_cache=tmp_path, reference_fingerprint="x", upstream={"agreement": up})
+    nll_ref, nll_cand, info = _positions(ctx)
+    assert nll_ref.tolist() == [1.0, 2.0] and nll_cand.tolist() == [1.5, 2.5] and info["windowing"] == "chunks"
+    (elsewhere / "positions.npz").unlink()
+    with pytest.raises(DataError, match="gate agreement: its positions.npz is missing from .*somewhere/else"):
+        _positions(ctx)
+    with pytest.raises(DataError, match="gate 1 did not run before it"):
+        _positions(GateContext(config=cfg, reference=None, candidate=None, tokenizer=None, folder=tmp_path,  # type: ignore[arg-type]
+                               shared_cache=tmp_path, reference_fingerprint="x"))

@@ -14,7 +14,8 @@ from qval.config import parse_config
 from qval.data import load_dataset, token_stream
 from qval.gates import GATES, GateContext
 from qval.gates.needles import build_trials, snap_back
-from qval.gates.retrieval import mark, summarize
+from qval.gates.retrieval import mark
+from qval.judges.retrieval import summarize
 from qval.verdict import decide
 
 from ..conftest import ROOT, small_config

@@ -16,10 +16,10 @@ from qval.config import parse_config
 from qval.errors import ConfigError, DataError
 from qval.gates import GATES, GateContext
 from qval.gates.tasks import score_choice
-from qval.gates.tasks_summary import summarize
-from qval.tasks import SUITES, Item
-from qval.tasks.builtin import cloze_candidates, sentences
-from qval.tasks.scoring import continuation_logprob, contains, exact, numeric, pick, regex, word_mark
+from qval.judges.tasks import summarize
+from qval.suites import SUITES, Item
+from qval.suites.builtin import cloze_candidates, sentences
+from qval.suites.scoring import continuation_logprob, contains, exact, numeric, pick, regex, word_mark
 from qval.verdict import decide
 
 from ..conftest import ROOT, small_config

@@ -19,7 +19,7 @@ import torch
 
 from qval.config import load_config, parse_config
 from qval.gates import GATES, GateContext
-from qval.verdict import decide
+from qval import judges
 
 from .fakes import HIGH, LOW, V, FakeEngine, FakeTokenizer, walk
 
@@ -70,7 +70,7 @@ def verdict(cfg, candidate: FakeEngine, folder: Path):  # noqa: ANN001, ANN201
                               upstream=dict(results))
             ctx.folder.mkdir(parents=True, exist_ok=True)
             results[spec.name] = spec.run(ctx)
-    return decide(results, [t for spec in GATES.ordered() if spec.enabled(cfg) for t in spec.thresholds(cfg, results.get(spec.name))])
+    return judges.verdict(cfg, results)
 
 
 def test_the_check_file_approves_noisy_healthy_candidates_and_rejects_damaged_ones(tmp_path: Path) -> None:

@@ -16,7 +16,7 @@ PUBLIC = {
     "Estimate", "proportion", "mean_estimate", "quantiles", "normal_ppf",
     "token_stats", "nll_of_targets", "first_nonfinite",
     "kld_summary", "delta_p_summary", "top1_summary",
-    "perplexity", "ppl_ratio", "SizedThreshold", "sized_threshold",
+    "perplexity", "ppl_ratio", "Sizing", "sized_threshold",
     "bleu", "chrf", "bleu_tokenizer_for", "seq_rep_n", "distinct_n", "detect_loop", "windows",
 }
 

@@ -7,7 +7,7 @@ from statistics import NormalDist
 
 import pytest
 
-from qval.metrics.thresholds import SizedThreshold, sized_threshold
+from qval.metrics.thresholds import Sizing, sized_threshold
 
 
 def test_worked_example_higher_is_better() -> None:
@@ -17,7 +17,7 @@ def test_worked_example_higher_is_better() -> None:
     t = sized_threshold(0.9, 0.3, 100)
     assert t.threshold == pytest.approx(0.8302148, abs=1e-6)
     assert t.min_detectable_effect == pytest.approx(0.1054922, abs=1e-6)
-    assert t == SizedThreshold(t.threshold, t.min_detectable_effect, 0.9, 0.3, 100, 0.05, 0.2, True)
+    assert t == Sizing(t.threshold, t.min_detectable_effect, 0.9, 0.3, 100, 0.05, 0.2, True)
 
 
 def test_lower_is_better_is_an_upper_bound() -> None:

@@ -7,31 +7,65 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
+
 from qval.config import load_config
 from qval.report.error_rates import MEASURED, file_text, for_report, size_cell
 from qval.verdict import row_of
 
 ROOT = Path(__file__).resolve().parents[2]
-STORED = ROOT / "benchmarks/results/h200_error_rates_fp8_kvfp16_healthy.json"
+RESULTS = ROOT / "benchmarks/results"
+
+
+def healthy_runs(name: str) -> list[dict]:
+    """Every healthy variant (the shipped selection and the sample seeds) stored for a check file, once each."""
+    runs: dict[str, dict] = {}
+    for path in sorted(RESULTS.glob(f"h200_error_rates_{name}_*.json")):
+        for r in json.loads(path.read_text(encoding="utf-8"))["results"]:
+            if r["variant"] in ("shipped", "healthy") and r["decision"] != "ERROR":
+                runs.setdefault(r["name"], r)
+    return list(runs.values())
+
+
+def outcome_at(c: dict, limit: float) -> str:
+    """A stored absolute check judged again at `limit`: its stored end (value, or the interval's bound) against it."""
+    if c["outcome"] == "uninformative":
+        return "uninformative"
+    end = c[c["on"]]
+    return "pass" if (end <= limit if c["op"] == "max" else end >= limit) else "fail"
 
 
 def test_the_table_is_the_stored_measurement() -> None:
-    runs = [r for r in json.loads(STORED.read_text(encoding="utf-8"))["results"] if r["decision"] != "ERROR"]
-    m = MEASURED["fp8_kvfp16"]
-    assert m["variants"] == len(runs) >= 18 and m["rejected"] == sum(r["decision"] == "REJECT" for r in runs)
-    assert set(m["checks"]) == set(runs[0]["checks"])
-    for key, entry in m["checks"].items():
-        assert entry["failed"] == sum(r["checks"][key]["outcome"] == "fail" for r in runs), key
-        assert entry.get("uninformative", 0) == sum(r["checks"][key]["outcome"] == "uninformative" for r in runs), key
-        c = runs[0]["checks"][key]
-        assert (entry.get("limit") == c["limit"]) if c["source"] == "absolute" else entry.get("alpha") == 0.005, key
+    assert set(MEASURED) >= {"fp8_kvfp16"}
+    for name, m in MEASURED.items():
+        runs = healthy_runs(name)
+        assert m["variants"] == len(runs) >= 18, name
+        assert set(m["checks"]) == set(runs[0]["checks"]), name
+        rejected = 0
+        for r in runs:
+            outcomes = {key: (outcome_at(r["checks"][key], e["limit"]) if "limit" in e else r["checks"][key]["outcome"])
+                        for key, e in m["checks"].items()}
+            rejected += "fail" in outcomes.values()
+        assert m["rejected"] == rejected, name
+        for key, entry in m["checks"].items():
+            judged = [outcome_at(r["checks"][key], entry["limit"]) if "limit" in entry else r["checks"][key]["outcome"] for r in runs]
+            assert entry["failed"] == judged.count("fail"), (name, key)
+            assert entry.get("uninformative", 0) == judged.count("uninformative"), (name, key)
+            c = runs[0]["checks"][key]
+            assert ("limit" in entry) if c["source"] == "absolute" else entry.get("alpha") == 0.005, (name, key)
 
 
-def test_the_shipped_check_file_has_the_measured_limits() -> None:
-    """A limit moved in checks/fp8_kvfp16.yaml without a new measurement would silently drop the
-    measured rate from every report: this fails first."""
-    cfg = load_config(ROOT / "checks/fp8_kvfp16.yaml")
-    for key, entry in MEASURED["fp8_kvfp16"]["checks"].items():
+def test_rejudging_a_stored_check_moves_with_the_limit() -> None:
+    c = {"value": 0.2, "lo": -0.18, "hi": 0.565, "op": "max", "on": "hi", "outcome": "pass"}
+    assert (outcome_at(c, 0.6), outcome_at(c, 0.5), outcome_at({**c, "outcome": "uninformative"}, 0.5)) == ("pass", "fail", "uninformative")
+
+
+@pytest.mark.parametrize("name", sorted(MEASURED))
+def test_the_shipped_check_file_has_the_measured_limits(name: str) -> None:
+    """A limit moved in a shipped check file without updating its measured rates would silently drop
+    them from every report: this fails first."""
+    cfg = load_config(ROOT / f"checks/{name}.yaml")
+    for key, entry in MEASURED[name]["checks"].items():
         gate, metric = key.split("/")
         row = row_of(gate, metric)
         assert row is not None, key

@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 
 from qval.diagnostics.scales import COLUMNS, rules_doc
-from qval.gates.agreement import summarize
+from qval.judges.agreement import summarize
 from qval.report.html import render_html
 from qval.verdict import GateResult, Threshold, decide
 

@@ -20,7 +20,7 @@ import torch
 from qval.config import parse_config
 from qval.errors import BackendUnavailable, ConfigError, DataError, QvalError
 from qval.gates import GATES, GateContext
-from qval.gates.tasks_summary import summarize
+from qval.judges.tasks import summarize
 from qval.verdict import decide
 
 from ..conftest import ROOT, small_config, write_config
@@ -90,7 +90,7 @@ def test_the_shipped_tasks_never_overlap_calibration():
 # --- finding and loading tasks ----------------------------------------------------------------------
 
 def test_unknown_task_group_and_tag_are_config_errors_naming_them():
-    from qval.tasks import lmeval_task
+    from qval.suites import lmeval_task
 
     cfg = _cfg(_suite(lm_eval="qval_choise"))
     with pytest.raises(ConfigError, match=r"qval_choise is not a task lm-eval knows.*Close names: qval_choice"):
@@ -105,7 +105,7 @@ def test_unknown_task_group_and_tag_are_config_errors_naming_them():
 
 
 def test_relative_data_files_resolve_against_the_yaml_whatever_the_working_directory(tmp_path, monkeypatch):
-    from qval.tasks import lmeval_task
+    from qval.suites import lmeval_task
 
     (tmp_path / "data").mkdir()
     (tmp_path / "data" / "a.jsonl").write_text("{}\n")
@@ -124,7 +124,7 @@ def test_relative_data_files_resolve_against_the_yaml_whatever_the_working_direc
 
 
 def test_a_task_whose_data_file_is_missing_is_a_data_error(tmp_path):
-    from qval.tasks import lmeval_task
+    from qval.suites import lmeval_task
 
     (tmp_path / "broken.yaml").write_text((LMEVAL / "qval_choice.yaml").read_text().replace("task: qval_choice", "task: qval_broken")
                                           .replace("qval_choice.jsonl", "nowhere.jsonl"))
@@ -137,7 +137,7 @@ def test_a_task_whose_data_file_is_missing_is_a_data_error(tmp_path):
 
 
 def test_the_metric_is_chosen_and_checked_before_any_model_runs(tmp_path):
-    from qval.tasks import lmeval, lmeval_task
+    from qval.suites import lmeval, lmeval_task
 
     def pick(**kw):
         suite = _cfg(_suite(**kw)).gates.tasks.suites[0]
@@ -166,7 +166,7 @@ def test_the_metric_is_chosen_and_checked_before_any_model_runs(tmp_path):
 def test_without_lm_eval_validate_and_gate_say_what_to_install(tmp_path, monkeypatch):
     from tests.reliability.helpers import clean_error, word_config
 
-    from qval.tasks import lmeval_task
+    from qval.suites import lmeval_task
 
     monkeypatch.setitem(sys.modules, "lm_eval", None)  # `import lm_eval` now raises ImportError
     cfg = word_config(tmp_path)
@@ -234,7 +234,7 @@ def _request(kind, args, doc_id=0):
 
 
 def test_the_wrapper_refuses_what_it_cannot_score_and_cuts_generations_as_hflm(tokenizer):
-    from qval.tasks.lmeval_lm import EngineFailed, EngineLM, NonFiniteLogits
+    from qval.suites.lmeval_lm import EngineFailed, EngineLM, NonFiniteLogits
 
     flat = EngineLM(FlatEngine(len(tokenizer)), tokenizer, "candidate", 16)
     assert flat.tok_encode("one two three", left_truncate_len=1) == tokenizer.encode("one two three")[-1:]
@@ -259,7 +259,7 @@ def test_the_wrapper_refuses_what_it_cannot_score_and_cuts_generations_as_hflm(t
 def test_pairing_refuses_what_it_cannot_pair():
     from types import SimpleNamespace
 
-    from qval.tasks import lmeval
+    from qval.suites import lmeval
 
     task = SimpleNamespace(task_name="t", OUTPUT_TYPE="loglikelihood")
     suite = _cfg(_suite(lm_eval="t")).gates.tasks.suites[0]
@@ -340,8 +340,8 @@ def test_a_per_document_score_is_gated_on_its_mean_and_needs_a_direction(tmp_pat
 def test_a_failing_task_is_a_data_error_and_a_failing_engine_is_not(tmp_path, tokenizer):
     """The task's own code failing (here its process_results) is the user's to fix: DataError,
     exit 2, naming the task. The engine failing is qval's: its own exception, not a DataError."""
-    from qval.tasks import lmeval, lmeval_task
-    from qval.tasks.lmeval_lm import EngineLM
+    from qval.suites import lmeval, lmeval_task
+    from qval.suites.lmeval_lm import EngineLM
 
     (tmp_path / "boom.py").write_text("def process(doc, results):\n    raise ValueError('no answer key in this doc')\n")
     (tmp_path / "boom.yaml").write_text((LMEVAL / "qval_choice.yaml").read_text().replace("task: qval_choice", "task: qval_boom")
@@ -603,14 +603,14 @@ def test_chat_template_without_a_template_in_the_tokenizer_is_a_config_error(tok
 
 def _wrapper(default_model, max_length=8192, engine=None):
     from qval.engines.hf import HFEngine
-    from qval.tasks.lmeval_lm import EngineLM
+    from qval.suites.lmeval_lm import EngineLM
 
     return EngineLM(engine or HFEngine(default_model.model, default_model.tokenizer), default_model.tokenizer, "reference", max_length)
 
 
 @pytest.mark.slow
 def test_few_shot_prompts_and_log_likelihoods_are_lm_evals_own(default_model):
-    from qval.tasks import lmeval, lmeval_task
+    from qval.suites import lmeval, lmeval_task
 
     theirs = _hflm(default_model, "qval_choice", LMEVAL, num_fewshot=2, limit=10)["samples"]["qval_choice"]
     suite = _cfg(_suite(num_fewshot=2, limit=10)).gates.tasks.suites[0]

@@ -1,7 +1,7 @@
 """Gate 4's items: what an `Item` is, the `SUITES` registry, and the helpers every suite shares.
 
 Suites register by name in `SUITES` (`builtin.py`: cloze, choice, recall; `golden.py`: golden);
-the `qval.tasks` package imports both, so `SUITES` is full whenever `qval.tasks` is imported.
+the `qval.suites` package imports both, so `SUITES` is full whenever `qval.suites` is imported.
 """
 
 from __future__ import annotations

@@ -1,7 +1,10 @@
-"""Gate 4's figures from both models' marks, per suite: the paired table and the drop's
-non-inferiority interval (Newcombe's for right/wrong marks; for scores, the paired mean
-difference or the perplexity's log ratio with a normal interval), the flipped items and, for a
-scored suite, the documents that lost the most. gates/tasks.py runs the suites and judges them."""
+"""Gate 4's judge: each suite's figures from both models' marks (the paired table and the drop's
+non-inferiority interval: Newcombe's for right/wrong marks; for scores, the paired mean difference or the
+perplexity's log ratio with a normal interval), the flipped items and, for a scored suite, the documents that
+lost the most; whether a suite can show a loss; its limits. qval.gates.tasks runs the suites.
+
+Torch-free: a test imports it with torch blocked.
+"""
 
 from __future__ import annotations
 
@@ -9,9 +12,67 @@ import math
 from typing import Any
 
 from ..config import GateConfig, TaskSuite
+from ..gate_metrics import TASKS
 from ..metrics.estimate import Estimate, normal_ppf
-from ..metrics.paired import loglik_noninferiority, mean_noninferiority, noninferiority, paired_counts
-from ..verdict import GateResult
+from ..metrics.paired import (PairedCounts, informative, loglik_noninferiority, mean_noninferiority, noninferiority,
+                             paired_counts)
+from ..verdict import GateResult, Threshold
+
+
+def enabled(cfg: GateConfig) -> bool:
+    return cfg.gates.tasks.enabled
+
+
+def _suite_result(result: GateResult | None, label: str) -> dict[str, Any] | None:
+    if result is None or result.status != "ok":
+        return None
+    return next((s for s in result.details.get("suites", []) if s["suite"] == label), None)
+
+
+def _informative(suite: TaskSuite, s: dict[str, Any] | None) -> tuple[bool, str | None]:
+    """Informative when the REFERENCE is clearly above chance on the suite (its one-sided
+    (1 − α) Wilson lower bound exceeds it): a task the reference cannot do shows no loss."""
+    if s is None:
+        return True, None  # the check fails for the missing result, as any other
+    if s.get("kind") in ("mean", "loglik"):
+        return _score_informative(suite, s)
+    c = PairedCounts(**s["counts"])
+    chance = suite.chance if suite.chance is not None else s["default_chance"]  # the config's, even on a stored result
+    if informative(c.ref_correct, c.n, chance, suite.alpha):
+        return True, None
+    return False, (f"the reference itself answers {c.ref_correct} of {c.n} items of suite {suite.label}, not clearly "
+                   f"above chance ({chance:.3g})")
+
+
+def _score_informative(suite: TaskSuite, s: dict[str, Any]) -> tuple[bool, str | None]:
+    """A score suite is informative unless its config sets a `chance` the reference's mean score
+    does not clearly exceed (its one-sided (1 − α) lower bound); a perplexity has no chance."""
+    if suite.chance is None or s["kind"] == "loglik":
+        return True, None
+    st = s["drop"]
+    bound = st["ref_mean"] - normal_ppf(1 - suite.alpha) * st["ref_stderr"]
+    if bound > suite.chance:
+        return True, None
+    return False, (f"the reference's mean score on suite {suite.label} is {st['ref_mean']:.4g}, not clearly above "
+                   f"chance ({suite.chance:.3g})")
+
+
+def thresholds(cfg: GateConfig, result: GateResult | None) -> list[Threshold]:
+    out = []
+    drop, flips = TASKS.by_field("margin"), TASKS.by_field("max_flip_rate")
+    for suite in cfg.gates.tasks.suites:
+        s = _suite_result(result, suite.label)
+        ok, why = _informative(suite, s)
+        det = s["drop"].get("detectable_drop") if s else None
+        what = ("accuracy drop (reference − candidate)" if s is None or s.get("kind", "binary") == "binary"
+                else f"drop in {s['drop'].get('unit', 'score')}")
+        out.append(Threshold("tasks", f"{drop.key}@{suite.label}", drop.op, suite.margin,
+                             drop.describe(what=what, suite=suite.label, level=f"{1 - suite.alpha:.0%}"), "absolute",
+                             det, on=drop.on, informative=ok, why_uninformative=why, detectable=det))
+        if suite.max_flip_rate is not None:
+            out.append(Threshold("tasks", f"{flips.key}@{suite.label}", flips.op, suite.max_flip_rate,
+                                 flips.describe(suite=suite.label), on=flips.on, informative=ok, why_uninformative=why))
+    return out
 
 
 def summarize(cfg: GateConfig, suites: list[dict[str, Any]], seconds: float) -> GateResult:

@@ -18,7 +18,7 @@ does at batch size 1, so the reference's figures are lm-eval's own for the same 
   at the stop strings (lm-eval's `postprocess_generated_text`). Sampling is refused: qval's
   engines decode greedily.
 
-Importing this module needs lm-eval; `qval.tasks.lmeval_task.require` says what to install.
+Importing this module needs lm-eval; `qval.suites.lmeval_task.require` says what to install.
 """
 
 from __future__ import annotations

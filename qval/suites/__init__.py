@@ -4,7 +4,7 @@ An `Item` is one question in one of three forms: `word` (the model must produce 
 greedily; marked from teacher-forced logits), `choice` (the continuation with the highest summed
 log-probability is the model's pick, lm-eval's convention) and `generate` (a greedy answer,
 marked by a matcher). Suites register by name in `SUITES`; the golden reader is one of them.
-The definitions live in `qval.tasks.base` and are re-exported here; suite modules import them from there.
+The definitions live in `qval.suites.base` and are re-exported here; suite modules import them from there.
 """
 
 from __future__ import annotations

@@ -1,0 +1,54 @@
+"""Gate 1's judge: its figures from the per-position arrays and its limits (qval.gates.agreement measures).
+
+Torch-free: a test imports it with torch blocked.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from ..config import GateConfig
+from ..gate_metrics import AGREEMENT
+from ..metrics import (delta_p_summary, kld_summary, mean_estimate, proportion,
+                       quantiles)
+from ..metrics.agreement import kld_bound_details
+from ..metrics.estimate import Estimate
+from ..verdict import GateResult, Threshold
+
+
+def enabled(cfg: GateConfig) -> bool:
+    return cfg.gates.agreement.enabled
+
+
+def summarize(a: dict[str, np.ndarray], info: dict[str, Any], seconds: float) -> GateResult:
+    kld = kld_summary(a["kld"])
+    dp = a["p_cand"] - a["p_ref"]
+    p99 = quantiles(a["kld"], [0.99])["p99"]
+    measurements = {
+        "top1": proportion(a["top1"]),
+        "mean_kld": kld["mean"],
+        "p99_kld": Estimate(value=p99, n=int(a["kld"].size)),
+        "mean_delta_p": mean_estimate(dp),
+    }
+    details = {**info, **kld_bound_details(a), "kld": {k: (v.to_dict() if hasattr(v, "to_dict") else v) for k, v in kld.items()},
+               "delta_p": {k: (v.to_dict() if hasattr(v, "to_dict") else v) for k, v in delta_p_summary(dp).items()},
+               "kld_histogram": histogram(a["kld"])}
+    return GateResult("agreement", "ok", measurements=measurements, details=details, seconds=seconds)
+
+
+def histogram(kld: np.ndarray, bins: int = 40) -> dict[str, list[float]]:
+    """Log-spaced histogram of per-position KLD, for the report's plot."""
+    pos = kld[np.isfinite(kld) & (kld > 0)]
+    if pos.size == 0:
+        return {"edges": [], "counts": [], "zeros": int(np.sum(kld == 0))}
+    edges = np.logspace(np.log10(max(pos.min(), 1e-12)), np.log10(pos.max()) + 1e-9, bins + 1)
+    counts, _ = np.histogram(pos, bins=edges)
+    return {"edges": edges.tolist(), "counts": counts.tolist(), "zeros": int(np.sum(kld <= 0))}
+
+
+def thresholds(cfg: GateConfig, result: GateResult | None) -> list[Threshold]:
+    g = cfg.gates.agreement
+    return [Threshold("agreement", m.key, m.op, limit, m.label, on=m.on)
+            for m in AGREEMENT.metrics if (limit := getattr(g, m.field)) is not None]
