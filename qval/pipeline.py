@@ -248,23 +248,16 @@ def run_gates(s: Session, calib: Stage | None, fail_fast: bool = False) -> dict[
             s.run.record(stage, cached=True)
             s.progress.log(f"gate {spec.name}: done earlier with the same inputs, reused")
         else:
-            mem = PhaseMemory().__enter__()  # the gate's peak (the first gate's includes building the candidate)
-            try:
+            with PhaseMemory() as mem:  # the gate's peak (the first gate's includes building the candidate)
                 candidate = build(s, calib)
-            except BaseException:
-                mem.__exit__(None, None, None)
-                raise
-            started = stage.begin()
-            torch.manual_seed(s.config.seed)
-            reference = s.gate_reference(shared, in_memory=not s.sequential)
-            before = reference.usage() if hasattr(reference, "usage") else None
-            ctx = GateContext(config=s.config, reference=reference, candidate=candidate, tokenizer=s.tokenizer,
-                              folder=stage.path, shared_cache=shared, reference_fingerprint=s.ref_fingerprint,
-                              progress=s.progress, upstream=results)
-            try:
+                started = stage.begin()
+                torch.manual_seed(s.config.seed)
+                reference = s.gate_reference(shared, in_memory=not s.sequential)
+                before = reference.usage() if hasattr(reference, "usage") else None
+                ctx = GateContext(config=s.config, reference=reference, candidate=candidate, tokenizer=s.tokenizer,
+                                  folder=stage.path, shared_cache=shared, reference_fingerprint=s.ref_fingerprint,
+                                  progress=s.progress, upstream=results)
                 result = spec.run(ctx)
-            finally:
-                mem.__exit__(None, None, None)
             if result.status == "pending":  # finished once the reference is back (a sequential run's last phase)
                 pending.append((spec, stage, started, ctx, before, mem))
                 results[spec.name] = result
