@@ -145,6 +145,25 @@ def worker(wid: int, args: argparse.Namespace, todo: Any, done: Any) -> None:
     from qval.cli import quiet_libraries
     from qval.models import load_model
     from qval.pipeline import run_gate
+    from qval.progress import SILENT, Progress
+
+    class Stamped(Progress):
+        """qval's own progress lines, each stamped with the worker and the seconds since its run began."""
+
+        t0 = time.time()
+
+        def __init__(self) -> None:  # plain lines, no rich bars (a log file, not a terminal)
+            super().__init__(enabled=False)
+            self.enabled = True
+
+        def log(self, message: str) -> None:
+            print(f"[w{wid} +{time.time() - self.t0:6.1f} s] {message}", file=sys.stderr, flush=True)
+
+    progress = Stamped() if args.progress else SILENT
+    if args.trace_every:  # every thread's Python stack to stderr every N seconds: where a slow run spends its time
+        import faulthandler
+
+        faulthandler.dump_traceback_later(args.trace_every, repeat=True, file=sys.stderr)
 
     if args.device == "cuda":  # ModelOpt's eager FP8 path instead of its CUDA-kernel JIT build (as benchmarks' nojit does)
         import os
@@ -169,7 +188,10 @@ def worker(wid: int, args: argparse.Namespace, todo: Any, done: Any) -> None:
                 cfg = config_for(job, args)
                 if reference is None:
                     reference = load_model(cfg.model)
-                r = run_gate(cfg, out_dir=str(Path(args.out) / "runs"), reference=reference, sensitivity="never")
+                if args.progress:
+                    progress.log(f"{job_name(job)}: starts")
+                    Stamped.t0 = time.time()
+                r = run_gate(cfg, progress=progress, out_dir=str(Path(args.out) / "runs"), reference=reference, sensitivity="never")
                 done.put(summary(job, r.report, time.time() - t0) | {"worker": wid})
             except Exception as err:  # a run that breaks is a row of the table, not the end of the measurement
                 done.put({**job, "name": job_name(job), "decision": "ERROR", "seconds": round(time.time() - t0, 1), "worker": wid,
@@ -202,6 +224,8 @@ def main() -> None:
     ap.add_argument("--dtype", default="float32", choices=["float16", "bfloat16", "float32"])
     ap.add_argument("--tiny", action="store_true", help="every budget shrunk (a CPU smoke run; not the shipped checks' figures)")
     ap.add_argument("--deadline", type=float, default=float("inf"), help="seconds after which no run starts")
+    ap.add_argument("--progress", action="store_true", help="qval's stage lines on stderr, stamped with worker and seconds into the run")
+    ap.add_argument("--trace-every", type=float, default=0, help="every N s, each worker's Python stacks on stderr (faulthandler)")
     ap.add_argument("--hard-deadline", type=float, default=float("inf"), help="seconds after which running workers are stopped")
     args = ap.parse_args()
     from error_rates_tables import render  # noqa: PLC0415 - beside this script
