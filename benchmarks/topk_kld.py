@@ -7,8 +7,10 @@ log-probabilities give (its top K and the actual token: `qval.logits.from_topk`)
 p99 of the estimate (`qval/metrics/topk.py`, the figure the gates compare with their limits) and of
 its strict lower bound, each against the exact figure; the fraction of positions where the estimate
 is below the exact KLD; the reference's unseen mass; whether the lower bound held at every position.
+Three sides are cut (`--sides`): `cand`, the candidate served against the full reference; `ref`, the
+reference served (its top K and the actual token) against the candidate's full logits; `both`, both served.
 
-    python benchmarks/topk_kld.py checks/fp8_kvfp16.yaml checks/int8_sq.yaml [--k 20 64 128] [--tokens N] [--json F]
+    python benchmarks/topk_kld.py checks/fp8_kvfp16.yaml checks/int8_sq.yaml [--k 20 64 128] [--sides cand ref both] [--tokens N] [--json F]
 """
 
 from __future__ import annotations
@@ -24,7 +26,10 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT)]
 
 
-def k_table(ref: Any, cand: Any, cfg: Any, tok: Any, ks: list[int], name: str) -> dict[str, Any]:
+SIDES = ("cand", "ref", "both")  # which side is cut to its top K
+
+
+def k_table(ref: Any, cand: Any, cfg: Any, tok: Any, ks: list[int], name: str, sides: tuple[str, ...] = ("cand",)) -> dict[str, Any]:
     import numpy as np
     import torch
 
@@ -36,7 +41,15 @@ def k_table(ref: Any, cand: Any, cfg: Any, tok: Any, ks: list[int], name: str) -
     chunks, _ = chunks_for(cfg, tok)
     half = g.ctx // 2
     exact: list[np.ndarray] = []
-    got: dict[int, dict[str, list[np.ndarray]]] = {k: {"kld": [], "kld_lower": [], "unseen_mass": []} for k in ks}
+    got: dict[tuple[str, int], dict[str, list[np.ndarray]]] = {(side, k): {"kld": [], "kld_lower": [], "unseen_mass": []}
+                                                               for side in sides for k in ks}
+
+    def served_rows(rows: Any, tgt: Any, k: int) -> Any:
+        lp = torch.log_softmax(rows, dim=-1)
+        top = lp.topk(k, dim=-1)
+        return from_topk(rows.shape[-1], top.indices, top.values, tgt, lp.gather(1, tgt.unsqueeze(1)).squeeze(1),
+                         torch.isfinite(rows).all(dim=-1))
+
     t0 = time.perf_counter()
     for b0 in range(0, len(chunks), g.batch_size):
         x = torch.tensor(chunks[b0 : b0 + g.batch_size])
@@ -45,29 +58,28 @@ def k_table(ref: Any, cand: Any, cfg: Any, tok: Any, ks: list[int], name: str) -
         rows_r, rows_c = lr[:, half:-1].reshape(-1, v).float(), lc[:, half:-1].reshape(-1, v).float()
         tgt = x[:, half + 1 :].reshape(-1)
         exact.append(token_stats(rows_r, rows_c, tgt)["kld"].numpy())
-        lp = torch.log_softmax(rows_c, dim=-1)
         for k in ks:
-            top = lp.topk(k, dim=-1)
-            served = from_topk(v, top.indices, top.values, tgt, lp.gather(1, tgt.unsqueeze(1)).squeeze(1),
-                               torch.isfinite(rows_c).all(dim=-1))
-            s = token_stats(rows_r, served, tgt)
-            for f in got[k]:
-                got[k][f].append(s[f].numpy())
+            cut_r, cut_c = served_rows(rows_r, tgt, k), served_rows(rows_c, tgt, k)
+            pairs = {"cand": (rows_r, cut_c), "ref": (cut_r, rows_c), "both": (cut_r, cut_c)}
+            for side in sides:
+                s = token_stats(*pairs[side], tgt)
+                for f in got[side, k]:
+                    got[side, k][f].append(s[f].numpy())
     ek = np.concatenate(exact)
     row: dict[str, Any] = {"name": name, "positions": int(ek.size), "mean_kld_exact": float(ek.mean()),
                            "p99_kld_exact": float(np.quantile(ek, 0.99)), "seconds": round(time.perf_counter() - t0, 1),
-                           "by_k": {}}
+                           **{("by_k" if side == "cand" else f"by_k_{side}"): {} for side in sides}}
     print(f"{name}: {ek.size} positions, exact mean KLD {ek.mean():.6f}, p99 {np.quantile(ek, 0.99):.5f}")
-    for k in ks:
-        est, low, unseen = (np.concatenate(got[k][f]) for f in ("kld", "kld_lower", "unseen_mass"))
+    for side, k in got:
+        est, low, unseen = (np.concatenate(got[side, k][f]) for f in ("kld", "kld_lower", "unseen_mass"))
         r = {"mean_relative": float(est.mean() / ek.mean() - 1), "p99_relative": float(np.quantile(est, 0.99) / np.quantile(ek, 0.99) - 1),
              "lower_mean_relative": float(low.mean() / ek.mean() - 1),
              "lower_p99_relative": float(np.quantile(low, 0.99) / np.quantile(ek, 0.99) - 1),
              "estimate_below_exact": float((est < ek).mean()), "mean_unseen_mass": float(unseen.mean()),
              "p99_unseen_mass": float(np.quantile(unseen, 0.99)), "lower_bound_holds": bool((low <= ek + 1e-5).all()),
              "largest_lower_excess": float((low - ek).max())}
-        row["by_k"][str(k)] = r
-        print(f"  K={k:4d}: estimate mean {100 * r['mean_relative']:+.1f} % p99 {100 * r['p99_relative']:+.1f} %; lower bound "
+        row["by_k" if side == "cand" else f"by_k_{side}"][str(k)] = r
+        print(f"  {side} served, K={k:4d}: estimate mean {100 * r['mean_relative']:+.1f} % p99 {100 * r['p99_relative']:+.1f} %; lower bound "
               f"mean {100 * r['lower_mean_relative']:+.1f} % p99 {100 * r['lower_p99_relative']:+.1f} % (holds everywhere: "
               f"{r['lower_bound_holds']}); estimate < exact at {100 * r['estimate_below_exact']:.0f} % of positions; unseen "
               f"mass mean {r['mean_unseen_mass']:.3f} p99 {r['p99_unseen_mass']:.3f}")
@@ -78,6 +90,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("checks", nargs="+")
     ap.add_argument("--k", type=int, nargs="+", default=[20, 64, 128])
+    ap.add_argument("--sides", nargs="+", choices=SIDES, default=["cand"], help="which side(s) a server's answer stands for")
     ap.add_argument("--tokens", type=int, default=None, help="gate 1's tokens (default: the check's)")
     ap.add_argument("--out", default="reports/topk_kld", help="run folder for the calibrations")
     ap.add_argument("--json", default=None)
@@ -96,7 +109,7 @@ def main(argv: list[str] | None = None) -> int:
                     "agreement": cfg.gates.agreement.model_copy(update={"tokens": args.tokens})})})
             s = pipeline.Session(config=cfg, run=RunDir(Path(args.out), cfg.name), progress=pipeline.SILENT)
             cand = pipeline.build(s, pipeline.calibrate(s, alpha))
-            rows.append({"check": path, **k_table(s.ref_engine, cand, cfg, s.tokenizer, args.k, cfg.name)})
+            rows.append({"check": path, **k_table(s.ref_engine, cand, cfg, s.tokenizer, args.k, cfg.name, tuple(args.sides))})
             del cand, s
     if args.json:
         Path(args.json).write_text(json.dumps({"rows": rows}, indent=1))

@@ -31,13 +31,18 @@ def token_stats(logits_ref: Logits, logits_cand: Logits, targets: Tensor) -> dic
     the same figures, KLD from its top k plus the sampled tail, "kld_upper" beside it, and
     "kld_exact" (this function's KLD) when its full logits were computed in this run (the audit).
     The candidate may be given by its top K (a served engine, `qval.metrics.topk`): KLD is then an
-    estimate with "kld_lower" (a strict lower bound) and "unseen_mass" beside it.
+    estimate with "kld_lower" (a strict lower bound) and "unseen_mass" beside it. So may the reference
+    (a served reference: `qval.metrics.topk.topk_reference_stats`), against either form of candidate.
     """
     if not isinstance(logits_cand, torch.Tensor):  # a candidate given by its top K (a served engine)
         from .topk import topk_stats
 
         return topk_stats(logits_ref, logits_cand, targets)
     if not isinstance(logits_ref, torch.Tensor):
+        from .topk import is_topk_reference, topk_reference_stats
+
+        if is_topk_reference(logits_ref):  # a reference given by its top K (a served reference)
+            return topk_reference_stats(logits_ref, logits_cand, targets)
         from ..snapshot.compact import stats
 
         return stats(logits_ref, logits_cand, targets)

@@ -1,4 +1,4 @@
-"""Per-position statistics against a candidate known only on its top K (a served engine).
+"""Per-position statistics where one side is known only on its top K (a served engine).
 
 A server's completions API returns, per prompt position, the log-probabilities of its top K tokens
 and of the token that actually follows; the rest of its distribution is unseen. Exact from that:
@@ -18,6 +18,11 @@ the damage among unseen tokens, is not, and is ≥ 0. So
   tokens assumed as damaged as the seen ones, or as the least likely seen ones where those are worse
   (quantization noise grows toward the tail; on the built-in model the seen half nearest the tail
   tracked it best). This is the figure the gates compare with their limits.
+
+The reference may be known by its top K too (a served reference): against a served candidate, A is
+then the tokens both top lists hold and the actual token; against full candidate logits, A is the
+reference's top K and the actual token (`topk_reference_stats`). The decomposition, the bound and the
+estimate are the same, with R the reference's mass outside A.
 
 No upper bound exists from top-K log-probabilities: a candidate can give any unseen token a
 probability as small as it likes. What the estimate rests on is R ("unseen_mass"), reported beside
@@ -45,9 +50,12 @@ def _ref_at(ref: Tensor | Compact, ids: Tensor) -> tuple[Tensor, Tensor, Tensor]
         got = lp.gather(1, safe.to(lp.device)).double().cpu()
         best = lp.argmax(dim=-1).cpu()
         return torch.where(ids >= 0, got, torch.full_like(got, float("nan"))), best, finite.cpu()
-    known_idx = torch.cat([ref.top_idx.long(), ref.tail_idx.long(), ref.next_token.long().clamp(min=0).unsqueeze(1)], dim=1)
+    # a snapshot's block: its top k, sampled tail tokens and the next token; a served reference's: its top K and the next token
+    tails = [] if ref.tail_idx is None else [ref.tail_idx.long()]
+    tail_lps = [] if ref.tail_logp is None else [ref.tail_logp]
+    known_idx = torch.cat([ref.top_idx.long(), *tails, ref.next_token.long().clamp(min=0).unsqueeze(1)], dim=1).cpu()
     nxt_lp = torch.where(ref.next_token >= 0, ref.next_logp, torch.full_like(ref.next_logp, float("nan")))
-    known_lp = torch.cat([ref.top_logp, ref.tail_logp, nxt_lp.unsqueeze(1)], dim=1).float()
+    known_lp = torch.cat([ref.top_logp, *tail_lps, nxt_lp.unsqueeze(1)], dim=1).float().cpu()
     out = torch.empty(ids.shape, dtype=torch.float64)
     for r0 in range(0, ids.shape[0], _ROWS):
         rows = slice(r0, min(ids.shape[0], r0 + _ROWS))
@@ -83,14 +91,51 @@ def topk_stats(ref: Tensor | Compact, cand: Compact, targets: Tensor) -> dict[st
     if n and not bool((cand.next_token.cpu() == targets).all()):
         raise ValueError("a candidate given by its top K holds the log-probability of the input's next token only; "
                          "these targets differ from it")
-    k = cand.top_idx.shape[-1]
     nxt = cand.next_token.cpu().long()
-    ids = torch.cat([cand.top_idx.cpu().long(), nxt.unsqueeze(1)], dim=1)  # [N, K + 1]
-    lc = torch.cat([cand.top_logp.cpu(), cand.next_logp.cpu().unsqueeze(1)], dim=1).double()
-    lr, best_ref, finite_ref = _ref_at(ref, ids)
+    lr_ids, best_ref, finite_ref = _ref_at(ref, torch.cat([cand.top_idx.cpu().long(), nxt.unsqueeze(1)], dim=1))
+    lc_ids = torch.cat([cand.top_logp.cpu(), cand.next_logp.cpu().unsqueeze(1)], dim=1).double()
+    return _partial_stats(cand.top_idx.cpu().long(), nxt, lr_ids, lc_ids, best_ref, cand.best.cpu(), finite_ref,
+                          cand.finite.cpu().bool())
+
+
+def is_topk_reference(ref: object) -> bool:
+    """Whether a reference block is known by its top K alone (a served reference: no sampled tail, no full row)."""
+    return isinstance(ref, Compact) and ref.top_idx is not None and ref.tail_idx is None and ref.full is None
+
+
+@torch.no_grad()
+def topk_reference_stats(ref: Compact, logits_cand: Tensor, targets: Tensor) -> dict[str, Tensor]:
+    """`token_stats` for a reference known by its top K (a served reference) against a candidate's full
+    logits [N, V]: the same estimate with the roles of the two sides' knowledge swapped — A is the
+    reference's top K and the actual token, where the candidate is known everywhere; the seen half nearest
+    the tail is the reference's less likely half. Same keys as `topk_stats`."""
+    n = ref.best.shape[0]
+    if ref.best.dim() != 1 or tuple(logits_cand.shape) != (n, ref.vocab):
+        raise ValueError(f"logits shapes differ: ref {tuple(ref.shape)} vs cand {tuple(logits_cand.shape)}")
+    targets = targets.cpu()
+    _check_targets(targets, n, ref.vocab)
+    nxt = ref.next_token.cpu().long()
+    if n and not bool((nxt == targets).all()):
+        raise ValueError("a reference given by its top K holds the log-probability of the input's next token only; "
+                         "these targets differ from it")
+    top = ref.top_idx.cpu().long()
+    ids = torch.cat([top, nxt.unsqueeze(1)], dim=1)
+    lp_cand, finite_cand = _log_probs(logits_cand)
+    lc_ids = lp_cand.gather(1, ids.to(lp_cand.device)).double().cpu()
+    best_cand = lp_cand.argmax(dim=-1).cpu()
+    del lp_cand
+    lr_ids = torch.cat([ref.top_logp.cpu(), ref.next_logp.cpu().unsqueeze(1)], dim=1).double()
+    return _partial_stats(top, nxt, lr_ids, lc_ids, ref.best.cpu(), best_cand, ref.finite.cpu().bool(), finite_cand.cpu())
+
+
+def _partial_stats(top: Tensor, nxt: Tensor, lr: Tensor, lc: Tensor, best_ref: Tensor, best_cand: Tensor,
+                   finite_ref: Tensor, finite_cand: Tensor) -> dict[str, Tensor]:
+    """The estimate above over ids = [one side's top K (sorted, most likely first) | the actual token]:
+    `lr`, `lc` [N, K + 1] the two sides' log-probabilities there (NaN where a side does not give one)."""
+    k = top.shape[-1]
     # the actual token counted once: where it is among the top K, its own column stands aside
-    dup = torch.zeros_like(ids, dtype=torch.bool)
-    dup[:, k] = (cand.top_idx.cpu().long() == nxt.unsqueeze(1)).any(dim=1)
+    dup = torch.zeros(lr.shape, dtype=torch.bool)
+    dup[:, k] = (top == nxt.unsqueeze(1)).any(dim=1)
     seen = torch.isfinite(lr) & torch.isfinite(lc) & ~dup
     pr, pc = torch.where(seen, lr.exp(), 0.0), torch.where(seen, lc.exp(), 0.0)
     head = torch.where(seen, pr * (lr - lc), 0.0).sum(dim=-1)
@@ -98,13 +143,12 @@ def topk_stats(ref: Tensor | Compact, cand: Compact, targets: Tensor) -> dict[st
     c = (1.0 - pc.sum(dim=-1)).clamp(min=_FLOOR)
     lower = head + torch.where(r > 0, r * torch.log(r / c), torch.zeros_like(r))
     low_half = seen.clone()
-    low_half[:, : k // 2] = False  # the candidate's top K is sorted: its less likely half, and the actual token
+    low_half[:, : k // 2] = False  # the top K is sorted: its less likely half, and the actual token
     shape = torch.maximum(_conditional_kld(lr, lc, seen), _conditional_kld(lr, lc, low_half).nan_to_num(nan=0.0))
     estimate = lower + r * shape.nan_to_num(nan=0.0)
-    finite_cand = cand.finite.cpu().bool()
     both = finite_ref & finite_cand
-    top1 = (best_ref == cand.best.cpu()) & both
-    out = position_stats(estimate, top1, lr[:, k], cand.next_logp.cpu().double(), finite_ref, finite_cand)
+    top1 = (best_ref == best_cand) & both
+    out = position_stats(estimate, top1, lr[:, k], lc[:, k], finite_ref, finite_cand)
     out["kld_lower"] = _to_cpu64(_nan_where_not(lower, both))
     out["unseen_mass"] = _to_cpu64(_nan_where_not(r, both))
     return out

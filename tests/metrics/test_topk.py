@@ -98,3 +98,43 @@ def test_exact_figures_and_the_lower_bound_against_the_full_kld(pair, k):
     # with the full reference the estimate's mean is near the exact mean (the measured gap is in RESULTS.md)
     s = token_stats(lr, served(lc, t, k), t)
     assert abs(s["kld"].mean().item() / full["kld"].mean().item() - 1) < 0.15
+
+
+def test_hand_worked_reference_known_by_its_top_k():
+    # the reference shows its top 1 (token 0) and the actual token (2); the candidate is known everywhere
+    pr = torch.tensor([[0.5, 0.3, 0.2]])
+    pc = torch.tensor([[0.6, 0.1, 0.3]])
+    ref = from_topk(3, torch.tensor([[0]]), pr[:, :1].log(), torch.tensor([2]), pr[:, 2].log(), torch.tensor([True]))
+    s = token_stats(ref, pc.log(), torch.tensor([2]))
+    exact = sum(p * math.log(p / q) for p, q in zip(pr[0].tolist(), pc[0].tolist()))
+    assert s["kld_lower"].item() == pytest.approx(exact, abs=1e-6)  # one unseen token: the bound is exact
+    assert s["unseen_mass"].item() == pytest.approx(0.3, abs=1e-6)
+    assert s["p_ref"].item() == pytest.approx(0.2, abs=1e-6) and s["p_cand"].item() == pytest.approx(0.3, abs=1e-6)
+    assert s["top1"].tolist() == [True]
+    # a wrong target is refused, not scored against another token's log-probability
+    with pytest.raises(ValueError, match="next token only"):
+        token_stats(ref, pc.log(), torch.tensor([1]))
+
+
+@pytest.mark.parametrize("k", [20, 64, 128])
+def test_reference_known_by_its_top_k_against_both_candidate_forms(pair, k):
+    """A served reference (top K and the actual token) against full candidate logits and against a served
+    candidate: top-1, NLLs and p exact; the lower bound under the exact KLD at every position."""
+    lr, lc, t = pair
+    full = token_stats(lr, lc, t)
+    ref = served(lr, t, k)
+    for cand in (lc, served(lc, t, k)):
+        s = token_stats(ref, cand, t)
+        assert torch.equal(s["top1"], full["top1"])
+        assert torch.allclose(s["nll_cand"], full["nll_cand"], atol=1e-6)
+        assert torch.allclose(s["nll_ref"], full["nll_ref"], atol=1e-6)
+        gap = (s["kld_lower"] - full["kld"]).max().item()
+        assert gap <= 1e-5, f"k={k}: the lower bound exceeds the exact KLD by {gap}"
+        assert (s["kld"] >= s["kld_lower"] - 1e-12).all()
+        assert ((s["unseen_mass"] >= 0) & (s["unseen_mass"] <= 1)).all()
+        ratio = s["kld"].mean().item() / full["kld"].mean().item()
+        print(f"k={k} cand={'full' if isinstance(cand, torch.Tensor) else 'top-k'}: estimate / exact mean KLD {ratio:.3f}, "
+              f"lower / exact {s['kld_lower'].mean().item() / full['kld'].mean().item():.3f}")
+    # against full candidate logits, the estimate's mean is near the exact mean (as a served candidate's is)
+    s = token_stats(ref, lc, t)
+    assert abs(s["kld"].mean().item() / full["kld"].mean().item() - 1) < 0.15
