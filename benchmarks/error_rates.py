@@ -173,8 +173,9 @@ def worker(wid: int, args: argparse.Namespace, todo: Any, done: Any) -> None:
 
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // args.workers))  # the workers share the cores
 
-        for getter in (extensions.get_cuda_ext, extensions.get_cuda_ext_fp8, extensions.get_cuda_ext_mx):
-            getter.extension = None
+        if not args.modelopt_cuda_ext:  # INT8 then runs ModelOpt's pure-torch fallback (a host sync in its source: no CUDA graph)
+            for getter in (extensions.get_cuda_ext, extensions.get_cuda_ext_fp8, extensions.get_cuda_ext_mx):
+                getter.extension = None
     register_planted()
     reference = None
     with contextlib.ExitStack() as stack:
@@ -224,6 +225,8 @@ def main() -> None:
     ap.add_argument("--dtype", default="float32", choices=["float16", "bfloat16", "float32"])
     ap.add_argument("--tiny", action="store_true", help="every budget shrunk (a CPU smoke run; not the shipped checks' figures)")
     ap.add_argument("--deadline", type=float, default=float("inf"), help="seconds after which no run starts")
+    ap.add_argument("--modelopt-cuda-ext", action="store_true",
+                    help="on a GPU, leave ModelOpt's CUDA extensions on (built by its JIT on first use) instead of its eager path")
     ap.add_argument("--progress", action="store_true", help="qval's stage lines on stderr, stamped with worker and seconds into the run")
     ap.add_argument("--trace-every", type=float, default=0, help="every N s, each worker's Python stacks on stderr (faulthandler)")
     ap.add_argument("--hard-deadline", type=float, default=float("inf"), help="seconds after which running workers are stopped")
