@@ -150,11 +150,9 @@ def worker(wid: int, args: argparse.Namespace, todo: Any, done: Any) -> None:
     class Stamped(Progress):
         """qval's own progress lines, each stamped with the worker and the seconds since its run began."""
 
-        t0 = time.time()
-
         def __init__(self) -> None:  # plain lines, no rich bars (a log file, not a terminal)
             super().__init__(enabled=False)
-            self.enabled = True
+            self.enabled, self.t0 = True, time.time()
 
         def log(self, message: str) -> None:
             print(f"[w{wid} +{time.time() - self.t0:6.1f} s] {message}", file=sys.stderr, flush=True)
@@ -189,9 +187,9 @@ def worker(wid: int, args: argparse.Namespace, todo: Any, done: Any) -> None:
                 cfg = config_for(job, args)
                 if reference is None:
                     reference = load_model(cfg.model)
-                if args.progress:
+                if isinstance(progress, Stamped):
                     progress.log(f"{job_name(job)}: starts")
-                    Stamped.t0 = time.time()
+                    progress.t0 = time.time()
                 r = run_gate(cfg, progress=progress, out_dir=str(Path(args.out) / "runs"), reference=reference, sensitivity="never")
                 done.put(summary(job, r.report, time.time() - t0) | {"worker": wid})
             except Exception as err:  # a run that breaks is a row of the table, not the end of the measurement

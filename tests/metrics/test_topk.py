@@ -123,8 +123,8 @@ def test_reference_known_by_its_top_k_against_both_candidate_forms(pair, k):
     lr, lc, t = pair
     full = token_stats(lr, lc, t)
     ref = served(lr, t, k)
-    for cand in (lc, served(lc, t, k)):
-        s = token_stats(ref, cand, t)
+    got = {form: token_stats(ref, cand, t) for form, cand in (("full", lc), ("top-k", served(lc, t, k)))}
+    for s in got.values():
         assert torch.equal(s["top1"], full["top1"])
         assert torch.allclose(s["nll_cand"], full["nll_cand"], atol=1e-6)
         assert torch.allclose(s["nll_ref"], full["nll_ref"], atol=1e-6)
@@ -132,9 +132,6 @@ def test_reference_known_by_its_top_k_against_both_candidate_forms(pair, k):
         assert gap <= 1e-5, f"k={k}: the lower bound exceeds the exact KLD by {gap}"
         assert (s["kld"] >= s["kld_lower"] - 1e-12).all()
         assert ((s["unseen_mass"] >= 0) & (s["unseen_mass"] <= 1)).all()
-        ratio = s["kld"].mean().item() / full["kld"].mean().item()
-        print(f"k={k} cand={'full' if isinstance(cand, torch.Tensor) else 'top-k'}: estimate / exact mean KLD {ratio:.3f}, "
-              f"lower / exact {s['kld_lower'].mean().item() / full['kld'].mean().item():.3f}")
-    # against full candidate logits, the estimate's mean is near the exact mean (as a served candidate's is)
-    s = token_stats(ref, lc, t)
-    assert abs(s["kld"].mean().item() / full["kld"].mean().item() - 1) < 0.15
+    # against full candidate logits, the estimate's mean is near the exact mean (as a served candidate's is;
+    # both served, it is under it: measured in RESULTS.md)
+    assert abs(got["full"]["kld"].mean().item() / full["kld"].mean().item() - 1) < 0.15
