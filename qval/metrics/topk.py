@@ -81,21 +81,28 @@ def topk_stats(ref: Tensor | Compact, cand: Compact, targets: Tensor) -> dict[st
     """`token_stats` for a candidate given by its top K: the same keys ("kld" the estimate above),
     plus "kld_lower" (strict lower bound) and "unseen_mass" (R). `ref` [N, V] logits or a compact
     [N] block; `cand` a compact [N] block whose next tokens are `targets`."""
-    n = cand.best.shape[0]
-    if cand.best.dim() != 1 or tuple(ref.shape) != (n, cand.vocab):
-        raise ValueError(f"logits shapes differ: ref {tuple(ref.shape)} vs cand {tuple(cand.shape)}")
     if cand.top_idx is None:
         raise ValueError("a candidate given compactly must give its top K (a served engine's answer)")
-    targets = targets.cpu()
-    _check_targets(targets, n, cand.vocab)
-    if n and not bool((cand.next_token.cpu() == targets).all()):
-        raise ValueError("a candidate given by its top K holds the log-probability of the input's next token only; "
-                         "these targets differ from it")
-    nxt = cand.next_token.cpu().long()
-    lr_ids, best_ref, finite_ref = _ref_at(ref, torch.cat([cand.top_idx.cpu().long(), nxt.unsqueeze(1)], dim=1))
+    top, nxt = _checked_answer(cand, "candidate", tuple(ref.shape), (tuple(ref.shape), tuple(cand.shape)), targets)
+    lr_ids, best_ref, finite_ref = _ref_at(ref, torch.cat([top, nxt.unsqueeze(1)], dim=1))
     lc_ids = torch.cat([cand.top_logp.cpu(), cand.next_logp.cpu().unsqueeze(1)], dim=1).double()
-    return _partial_stats(cand.top_idx.cpu().long(), nxt, lr_ids, lc_ids, best_ref, cand.best.cpu(), finite_ref,
-                          cand.finite.cpu().bool())
+    return _partial_stats(top, nxt, lr_ids, lc_ids, best_ref, cand.best.cpu(), finite_ref, cand.finite.cpu().bool())
+
+
+def _checked_answer(block: Compact, side: str, other: tuple[int, ...], shapes: tuple[tuple[int, ...], ...],
+                    targets: Tensor) -> tuple[Tensor, Tensor]:
+    """A side given by its top K, checked against the other side's shape `other` and the targets: its top
+    ids [N, K] and next tokens [N] (int64, CPU). `shapes`: (ref, cand) as the error names them."""
+    n = block.best.shape[0]
+    if block.best.dim() != 1 or other != (n, block.vocab):
+        raise ValueError(f"logits shapes differ: ref {shapes[0]} vs cand {shapes[1]}")
+    targets = targets.cpu()
+    _check_targets(targets, n, block.vocab)
+    nxt = block.next_token.cpu().long()
+    if n and not bool((nxt == targets).all()):
+        raise ValueError(f"a {side} given by its top K holds the log-probability of the input's next token only; "
+                         "these targets differ from it")
+    return block.top_idx.cpu().long(), nxt
 
 
 def is_topk_reference(ref: object) -> bool:
@@ -109,16 +116,8 @@ def topk_reference_stats(ref: Compact, logits_cand: Tensor, targets: Tensor) -> 
     logits [N, V]: the same estimate with the roles of the two sides' knowledge swapped — A is the
     reference's top K and the actual token, where the candidate is known everywhere; the seen half nearest
     the tail is the reference's less likely half. Same keys as `topk_stats`."""
-    n = ref.best.shape[0]
-    if ref.best.dim() != 1 or tuple(logits_cand.shape) != (n, ref.vocab):
-        raise ValueError(f"logits shapes differ: ref {tuple(ref.shape)} vs cand {tuple(logits_cand.shape)}")
-    targets = targets.cpu()
-    _check_targets(targets, n, ref.vocab)
-    nxt = ref.next_token.cpu().long()
-    if n and not bool((nxt == targets).all()):
-        raise ValueError("a reference given by its top K holds the log-probability of the input's next token only; "
-                         "these targets differ from it")
-    top = ref.top_idx.cpu().long()
+    shape = tuple(logits_cand.shape)
+    top, nxt = _checked_answer(ref, "reference", shape, (tuple(ref.shape), shape), targets)
     ids = torch.cat([top, nxt.unsqueeze(1)], dim=1)
     lp_cand, finite_cand = _log_probs(logits_cand)
     lc_ids = lp_cand.gather(1, ids.to(lp_cand.device)).double().cpu()
