@@ -70,3 +70,17 @@ def auto_batch_size(s: Any) -> int:
     vocab = s.reference.model.config.vocab_size
     per_sample = s.config.calibration.seq_len * vocab * 4 * 3
     return int(max(1, min(32, free // 4 // per_sample)))
+
+
+def expand_alphas(cfg: GateConfig) -> list[tuple[GateConfig, float | None]]:
+    """A list of SmoothQuant alphas is a sweep: one candidate per alpha, named after it."""
+    q = cfg.quant
+    if not q.spec.takes_smoothquant_alpha:
+        return [(cfg, None)]
+    if not isinstance(q.smoothquant_alpha, list):
+        return [(cfg, q.alphas[0])]
+    out = []
+    for a in q.smoothquant_alpha:
+        c = cfg.model_copy(update={"name": f"{cfg.name}-alpha{a:g}", "quant": q.model_copy(update={"smoothquant_alpha": a})})
+        out.append((c, a))
+    return out

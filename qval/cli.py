@@ -174,8 +174,10 @@ def calibrate(config: Path = ConfigOpt, out: Optional[str] = OutOpt, quiet: bool
 def reference(config: Path = ConfigOpt, out: Optional[str] = OutOpt, quiet: bool = QuietOpt) -> int:
     """Fill the reference snapshot for a config's gates with only the reference in memory: every later
     `qval gate` against the same reference, data and gate settings (any candidate) reads it back."""
+    from .pipeline import check_fillable, fill_reference
+
+    check_fillable(_load(config))
     cfg = _checked(config)
-    from .pipeline import fill_reference
     from .progress import Progress
 
     r = fill_reference(cfg, Progress(not quiet), out)

@@ -20,7 +20,8 @@ from .config_gates import (  # noqa: F401
     TaskSuite, TasksGate, Limit,
 )
 from .config_types import format_errors, mistyped, non_finite  # noqa: F401  (non_finite: importable from here as before)
-from .engines.registry import BACKENDS, needs_calibration
+from .config_served import served_location, served_reference_fits
+from .engines.registry import BACKENDS, ServedOptions, needs_calibration
 from .errors import ConfigError
 from .io import read_text_utf8
 from .quantize.formats import FORMATS, FormatSpec, names_where
@@ -40,12 +41,17 @@ class KVCache(str, Enum):
 class ModelConfig(Strict):
     """Where the reference model comes from. `source` picks one; its field says where."""
 
-    source: Literal["default", "path", "hub", "gguf"] = "default"
+    source: Literal["default", "path", "hub", "gguf", "served"] = "default"
     path: str | None = None  # local HF folder
     hub: str | None = None  # hub id (needs network or a populated HF cache)
     gguf: str | None = None  # a .gguf file; transformers dequantizes it to float
+    #: a reference that a server serves (`source: served`): its `url`, or `launch` (qval starts vLLM on a model folder),
+    #: and the scoring options of backend served; its answers are top-K distributions (docs/engines.md)
+    served: ServedOptions | None = None
     revision: str | None = None
-    tokenizer: str | None = None  # tokenizer folder/id when it differs from the model's
+    #: tokenizer folder/id when it differs from the model's; with `source: served`, a local folder with the model's
+    #: config.json and tokenizer files (no weights), needed where `served` gives a url
+    tokenizer: str | None = None
     dtype: Literal["float16", "bfloat16", "float32"] = "float16"
     device: Literal["auto", "cpu", "cuda"] = "auto"
     #: CUDA: one GPU when the model fits it, else every visible GPU (accelerate device_map), else CPU
@@ -55,6 +61,9 @@ class ModelConfig(Strict):
 
     @model_validator(mode="after")
     def _one_location(self) -> "ModelConfig":
+        if self.source == "served" or self.served is not None:
+            served_location(self)
+            return self
         given = {k for k in ("path", "hub", "gguf") if getattr(self, k)}
         if self.source == "default":
             if given:
@@ -265,6 +274,8 @@ class GateConfig(Strict):
                              f"{' or '.join(KV_ONLY_BACKENDS)}, not {self.engine.backend}: that backend builds its candidate "
                              "from quantized weights, so it would gate the reference itself as an FP8 KV cache; choose a "
                              "quant.format, or one of those backends")
+        if self.model.source == "served":
+            served_reference_fits(self)
         launch = (self.engine.options.get("launch") or {}) if self.engine.backend == "served" else {}
         if self.quant.kv_only and isinstance(launch, dict) and launch.get("model") == "candidate":
             raise ValueError("engine.options.launch.model: candidate serves this config's candidate as qval exports it, and a "

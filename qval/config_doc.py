@@ -48,7 +48,7 @@ NOTES = {
     "GateConfig.name": "the run folder's name (letters, digits, `.`, `_`, `-`)",
     "GateConfig.description": "free text, copied into the report",
     "GateConfig.seed": "seeds everything drawn at random (calibration order, built-in task items, retrieval codes)",
-    "ModelConfig.source": "where the reference comes from: the built-in model, a local folder, a hub id or a GGUF file",
+    "ModelConfig.source": "where the reference comes from: the built-in model, a local folder, a hub id, a GGUF file, or a server (`served`)",
     "ModelConfig.revision": "hub revision (branch, tag or commit) for `source: hub`",
     "ModelConfig.dtype": "dtype of the reference and candidate; a CPU computes in float32 whatever is set "
                          "(the report records the dtype that computed)",

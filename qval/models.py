@@ -20,7 +20,7 @@ import torch
 
 from . import determinism
 from .config import ModelConfig
-from .errors import BackendUnavailable, ModelError
+from .errors import BackendUnavailable, ConfigError, ModelError
 from .io import file_fingerprint, hash_json, tree_fingerprint
 from .placement import Placement, checkpoint_bytes, plan, visible_memory
 
@@ -154,8 +154,26 @@ def locate(cfg: ModelConfig) -> tuple[str, dict[str, Any], str, str]:
         check_weights(folder, "model.path")
         fp = tree_fingerprint(folder, ("*.json", "*.safetensors", "*.bin", "*.model", "*.txt"))
         return str(folder), {}, folder.name, fp
+    if cfg.source == "served":
+        return served_location(cfg)
     # hub: the id and revision are the identity; the resolved files are fingerprinted after load
     return cfg.hub, {"revision": cfg.revision} if cfg.revision else {}, cfg.hub, hash_json([cfg.hub, cfg.revision])
+
+
+def served_location(cfg: ModelConfig) -> tuple[str, dict[str, Any], str, str]:
+    """A served reference's local side: the folder with its config.json and tokenizer (model.tokenizer, else the
+    folder qval serves), its display name, and a fingerprint of that folder and the serving options (the server's
+    own identity is added when the run reaches it: qval/engines/served_reference.py)."""
+    served = cfg.served
+    assert served is not None  # the config's validator
+    where = "model.tokenizer" if cfg.tokenizer else "model.served.launch.model"
+    folder = Path(cfg.tokenizer or served.launch.model).expanduser()  # type: ignore[union-attr]
+    if not (folder / "config.json").is_file():
+        raise ModelError(f"{where}: {folder} has no config.json{_from_cwd(folder) if not folder.exists() else ''}; a served "
+                         "reference needs a local folder with its model's config.json and tokenizer files (no weights needed).")
+    fp = hash_json({"served": served.model_dump(mode="json", exclude={"concurrency", "timeout_s", "retries", "api_key_env"}),
+                    "folder": tree_fingerprint(folder, ("*.json", "*.safetensors", "*.model", "*.txt", "*.jinja"))})
+    return str(folder), {}, served.model or (served.url or folder.name), fp
 
 
 def _from_cwd(path: Path) -> str:
@@ -167,8 +185,8 @@ def config_json(cfg: ModelConfig) -> tuple[dict[str, Any], Path] | None:
     imports a model's own configuration code when trust_remote_code allows it. None for a GGUF
     (no such file), a hub model whose config.json is not in the local cache, or a folder without one
     (`locate` says so)."""
-    if cfg.source == "path":
-        path = Path(cfg.path).expanduser() / "config.json"
+    if cfg.source in ("path", "served"):
+        path = Path(locate(cfg)[0] if cfg.source == "served" else cfg.path).expanduser() / "config.json"
     elif cfg.source == "hub":
         from huggingface_hub import try_to_load_from_cache
 
@@ -286,6 +304,9 @@ def load_model(cfg: ModelConfig) -> LoadedModel:
     """Load the reference in eval mode on its device, in the dtype it will compute in."""
     from transformers import AutoModelForCausalLM
 
+    if cfg.source == "served":
+        raise ConfigError("model.source is served: the reference's weights are on its server, not here; this command needs "
+                          "them in memory (qval gate reaches a served reference through its engine)")
     t0 = time.perf_counter()
     target, kwargs, name, fingerprint = locate(cfg)
     device = pick_device(cfg.device)

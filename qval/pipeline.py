@@ -18,7 +18,7 @@ import torch
 
 from . import determinism, judges
 from . import models  # locate, pick_device, compute_dtype_for looked up at call time (tests replace models.locate)
-from .calibration import auto_batch_size, calibration_batches, calibration_samples  # noqa: F401  (re-exported)
+from .calibration import auto_batch_size, calibration_batches, calibration_samples, expand_alphas  # noqa: F401  (re-exported)
 from .checksum import checksums
 from .config import GateConfig
 from .data import dataset_identity
@@ -26,6 +26,7 @@ from .diagnostics.stage import run_diagnostics
 from .engines.base import BuildContext
 from .engines.builders import BUILDERS, engine_identity
 from .engines.hf import HFEngine
+from .engines.served_reference import fingerprint as served_fingerprint, load_served_reference
 from .errors import ConfigError
 from .gates import GATES, GateContext
 from .io import atomic_write_json, read_json
@@ -72,12 +73,20 @@ class Session:
     _ref_described: dict[str, Any] | None = None
     fill: dict[str, Any] | None = None  # a sequential run's first phase: each gate's reference work
     _engine_identity: dict[str, Any] | None = None  # what the backend adds to the stage keys, asked once
+    _served_fingerprint: str | None = None  # a served reference's identity, asked of its server once
+
+    @property
+    def served(self) -> bool:  # the reference is served (model.source: served): no weights here, no snapshot
+        return self.config.model.source == "served"
 
     @property
     def reference(self) -> LoadedModel:
         if self._reference is None:
             self.progress.log(f"loading reference model ({self.config.model.source}) …")
-            self._reference = self.loader() if self.loader is not None else load_model(self.config.model)
+            if self.served:
+                self._reference = load_served_reference(self.config, self.run.path, self.progress.log)  # type: ignore[assignment]
+            else:
+                self._reference = self.loader() if self.loader is not None else load_model(self.config.model)
             self._tokenizer = self._reference.tokenizer
         return self._reference
 
@@ -98,7 +107,7 @@ class Session:
 
     @property
     def sequential(self) -> bool:
-        return self.config.snapshot.enabled and self.config.snapshot.sequential
+        return self.config.snapshot.enabled and self.config.snapshot.sequential and not self.served
 
     @property
     def tokenizer(self) -> Any:
@@ -124,6 +133,9 @@ class Session:
     def reference_identity(self) -> dict[str, Any]:
         """Model fingerprint, compute dtype and device, without loading the model."""
         m = self.config.model
+        if self.served:
+            self._served_fingerprint = self._served_fingerprint or served_fingerprint(self.config)
+            return {"fingerprint": self._served_fingerprint, "device": "server", "dtype": "served"}
         device = models.pick_device(m.device)
         dtype, _ = models.compute_dtype_for(m.dtype, device)
         out = {"fingerprint": models.locate(m)[3], "device": device, "dtype": str(dtype), "trust_remote_code": m.trust_remote_code}
@@ -137,8 +149,9 @@ class Session:
 
     @property
     def ref_engine(self) -> Any:
-        if self._ref_engine is None:
-            self._ref_engine = HFEngine(self.reference.model, self.reference.tokenizer, notes=self.reference.notes)
+        if self._ref_engine is None:  # a served reference's is its own
+            self._ref_engine = (self.reference.engine if self.served  # type: ignore[attr-defined]
+                                else HFEngine(self.reference.model, self.reference.tokenizer, notes=self.reference.notes))
         return self._ref_engine
 
     def snapshot_inputs(self) -> dict[str, Any]:
@@ -147,8 +160,9 @@ class Session:
 
     def gate_reference(self, shared: Path, in_memory: bool = True) -> Any:
         """The reference engine the gates use: the snapshot's (the default) or the model itself.
-        `in_memory` False (a sequential run's candidate phase): the snapshot alone, no model."""
-        if not self.config.snapshot.enabled:
+        `in_memory` False (a sequential run's candidate phase): the snapshot alone, no model. A served
+        reference answers live: no snapshot (its answers are top-K distributions already)."""
+        if not self.config.snapshot.enabled or self.served:
             return self.ref_engine
         if self._snapshot is None:
             snap = self.config.snapshot
@@ -160,9 +174,11 @@ class Session:
     def snapshot_description(self) -> dict[str, Any] | None:
         """The snapshot the gates read (`SnapshotStore.describe`), this run's use of it and what its reads verified;
         with every gate reused (none ran here), the snapshot their stage keys name, unused in this run."""
-        snap = self._snapshot or (SnapshotReference(None, SnapshotStore(self.run.path.parent / ".reference", self.snapshot_inputs()),
-                                                    None, False, description={}) if self.config.snapshot.enabled else None)
-        return None if snap is None else {**snap.store.describe(self.config.snapshot.topk), **snap.usage(), **snap.store.integrity()}
+        if self._snapshot is None and (not self.config.snapshot.enabled or self.served):
+            return None
+        snap = self._snapshot or SnapshotReference(None, SnapshotStore(self.run.path.parent / ".reference", self.snapshot_inputs()),
+                                                   None, False, description={})
+        return {**snap.store.describe(self.config.snapshot.topk), **snap.usage(), **snap.store.integrity()}
 
 
 def calibrate(s: Session, alpha: float | None = None) -> Stage | None:
@@ -300,13 +316,21 @@ def _finish(s: Session, stage: Stage, started: float, result: GateResult, refere
 def fill_reference(cfg: GateConfig, progress: Progress = SILENT, out_dir: str | None = None) -> dict[str, Any]:
     """`qval reference`: `fill_gates` for one config, the reference alone in memory; the snapshot's
     description and each gate's use of it."""
-    if not cfg.snapshot.enabled:
-        raise ConfigError(f"{cfg.source_file or 'the config'}: snapshot.enabled is false, so there is no reference "
-                          "snapshot to fill; set it to true (the default) or run qval gate.")
+    check_fillable(cfg)
     determinism.configure(Session.device_of(cfg))
     s = Session(config=cfg, run=RunDir(Path(out_dir or cfg.report.dir), cfg.name), progress=progress)
     gates = fill_gates(s, s.run.path.parent / ".reference")
     return {"snapshot": s.snapshot_description(), "gates": gates}
+
+
+def check_fillable(cfg: GateConfig) -> None:
+    """A ConfigError when `cfg` has no reference snapshot to fill (said before any server is asked)."""
+    if not cfg.snapshot.enabled:
+        raise ConfigError(f"{cfg.source_file or 'the config'}: snapshot.enabled is false, so there is no reference "
+                          "snapshot to fill; set it to true (the default) or run qval gate.")
+    if cfg.model.source == "served":
+        raise ConfigError(f"{cfg.source_file or 'the config'}: the reference is served (model.source: served): it answers "
+                          "every run live and keeps no snapshot to fill; run qval gate.")
 
 
 def run_gate(cfg: GateConfig, progress: Progress = SILENT, out_dir: str | None = None, alpha: float | None = None,
@@ -346,24 +370,13 @@ def run_gate(cfg: GateConfig, progress: Progress = SILENT, out_dir: str | None =
                                      engine=s._candidate.describe() if s._candidate is not None else None,
                                      calibration=calib.meta() if calib else None, stages=s.run.log, environment=s.env,
                                      numerics=determinism.describe(), diagnostics=diagnostics, seconds=time.perf_counter() - t0)
-    finally:  # a server the candidate started stops on every exit path (an error, Ctrl-C)
-        getattr(s._candidate, "close", lambda: None)()
+    finally:  # a server the candidate or the reference started stops on every exit path (an error, Ctrl-C)
+        try:
+            getattr(s._candidate, "close", lambda: None)()
+        finally:
+            getattr(s._reference, "close", lambda: None)()
     write_reports(s.run.path, report)
     return RunResult(config=cfg, verdict=verdict, run_dir=s.run.path, report=report)
-
-
-def expand_alphas(cfg: GateConfig) -> list[tuple[GateConfig, float | None]]:
-    """A list of SmoothQuant alphas is a sweep: one candidate per alpha, named after it."""
-    q = cfg.quant
-    if not q.spec.takes_smoothquant_alpha:
-        return [(cfg, None)]
-    if not isinstance(q.smoothquant_alpha, list):
-        return [(cfg, q.alphas[0])]
-    out = []
-    for a in q.smoothquant_alpha:
-        c = cfg.model_copy(update={"name": f"{cfg.name}-alpha{a:g}", "quant": q.model_copy(update={"smoothquant_alpha": a})})
-        out.append((c, a))
-    return out
 
 
 def reference_description(s: Session) -> dict[str, Any]:

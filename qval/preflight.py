@@ -23,6 +23,7 @@ from . import models  # its functions looked up at call time (tests replace mode
 from .calibration import calibration_samples
 from .data import dataset_identity, read_texts
 from .engines.builders import check_engine, engine_identity
+from .engines.served_reference import fingerprint as served_fingerprint
 from .errors import ModelError, QvalError
 from .gates import GATES, context_problem
 from .io import hash_json
@@ -96,6 +97,8 @@ def preflight(cfg: "GateConfig", count_tokens: bool = True, tokenizer: Any = Non
     if note := attempt(lambda: models.remote_code(cfg.model)):  # from config.json as JSON: no code imported here
         print(f"qval: note: {note}", file=sys.stderr)
     attempt(lambda: engine_identity(cfg))  # a checkpoint candidate's folder and weight files
+    if cfg.model.source == "served":  # a served reference's server: reachable and listing its model, or vLLM's Python runs
+        attempt(lambda: served_fingerprint(cfg))
     attempt(lambda: check_hardware(cfg))
     attempt(lambda: check_engine(cfg))
     if cfg.calibrates:

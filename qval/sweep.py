@@ -176,6 +176,10 @@ def expand(paths: list[Path]) -> list[tuple[GateConfig, float | None]]:
     dupes = sorted({n for n in names if names.count(n) > 1})
     if dupes:
         raise ConfigError(f"candidate names must be unique in a sweep (they name the run folders); repeated: {', '.join(dupes)}.")
+    if served := [str(c.source_file) for c, _ in out if c.model.source == "served"]:
+        raise ConfigError(f"{', '.join(sorted(set(served)))}: the reference is served (model.source: served); a sweep "
+                          "holds one reference in memory for every candidate, and a served one has no weights here: gate "
+                          "each config with qval gate.")
     models = {hash_json(c.model.model_dump(mode="json")): c for c, _ in out}
     if len(models) > 1:
         a, b = list(models.values())[:2]

@@ -61,7 +61,7 @@ MODEL_SOURCES = ("reference", "candidate")
 
 
 class LaunchOptions(BaseModel):
-    """How qval starts a vLLM server (`engine.options.launch`)."""
+    """How qval starts a vLLM server (`engine.options.launch`, `model.served.launch`)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -93,7 +93,9 @@ class LaunchOptions(BaseModel):
 
 
 class ServedOptions(BaseModel):
-    """`engine.options` of `served`."""
+    """A server's options: `engine.options` of backend `served` (the candidate), and `model.served` (a served
+    reference: `model.source: served`; its `launch.model` is a model folder, and `model.tokenizer` a local folder with the
+    model's config.json and tokenizer, which may default to that folder)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -111,8 +113,7 @@ class ServedOptions(BaseModel):
     @model_validator(mode="after")
     def _one_server(self) -> "ServedOptions":
         if (self.url is None) == (self.launch is None):
-            raise ValueError("give engine.options.url (a running server) or engine.options.launch (qval starts one), "
-                             "exactly one of them")
+            raise ValueError("give url (a running server) or launch (qval starts one), exactly one of them")
         if self.url is not None and not self.url.startswith(("http://", "https://")):
             raise ValueError(f"url {self.url!r} must start with http:// or https://")
         return self

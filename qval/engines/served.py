@@ -55,7 +55,7 @@ class ServedEngine(Engine):
 
     def __init__(self, client: Client, model: str, vocab: int, top_k: int, concurrency: int, eos: list[int],
                  describe: dict[str, Any], server: LaunchedServer | None = None, notes: list[str] | None = None,
-                 fidelity: dict[str, Any] | None = None) -> None:
+                 fidelity: dict[str, Any] | None = None, config: Any = None) -> None:
         self.client = client
         self.model_name = model
         self.vocab = vocab
@@ -68,10 +68,15 @@ class ServedEngine(Engine):
         self._pool = ThreadPoolExecutor(max_workers=concurrency, thread_name_prefix="qval-served")
         if fidelity is not None:
             self.fidelity = fidelity  # the export the server serves (launch.model: candidate): its own gate
+        self._config = config  # the served model's configuration where qval has it (a served reference's config.json)
 
     @property
     def device(self) -> str:
         return f"server:{self.client.base}"
+
+    @property
+    def model_config(self) -> Any:
+        return self._config
 
     # ---- scoring -----------------------------------------------------------------------------
     def _score(self, ids: list[int]) -> Compact:
@@ -126,7 +131,7 @@ class ServedEngine(Engine):
         top = pairs[:k]
         if len(top) < k:
             raise ServerError(f"the server at {self.client.base} gave {len(top)} log-probabilities where {k} were "
-                              f"asked (engine.options.top_k); is its limit (vLLM's --max-logprobs) lower?")
+                              f"asked (top_k); is its limit (vLLM's --max-logprobs) lower?")
         if any(i < 0 or i >= self.vocab for i, _ in top):
             raise ServerError(f"the server at {self.client.base} returned token ids outside the reference's vocabulary "
                               f"of {self.vocab}: it serves a model with another vocabulary")

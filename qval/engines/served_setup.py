@@ -91,7 +91,7 @@ def model_folder(ctx: BuildContext, launch: LaunchOptions) -> tuple[Path, dict[s
     return folder, {"model": "path", "folder": str(folder)}, None
 
 
-def server_version(python: str | None) -> str | None:
+def server_version(python: str | None, where: str = "engine.options.launch") -> str | None:
     """vLLM's version in the server's environment, read from its package metadata (vLLM is not imported)."""
     if python is None:
         return None
@@ -100,22 +100,22 @@ def server_version(python: str | None) -> str | None:
     try:
         out = subprocess.run([python, "-c", code], capture_output=True, text=True, timeout=60)
     except (OSError, subprocess.TimeoutExpired) as err:
-        raise ConfigError(f"engine.options.launch.python: {python} does not run ({err}); give the Python of vLLM's "
+        raise ConfigError(f"{where}.python: {python} does not run ({err}); give the Python of vLLM's "
                           "environment.") from None
     return out.stdout.strip() or None
 
 
-def served_model(client: Client, wanted: str | None) -> tuple[str, dict[str, Any]]:
+def served_model(client: Client, wanted: str | None, where: str = "engine.options") -> tuple[str, dict[str, Any]]:
     """The model's name in the API and what the server says of it (/v1/models)."""
     listing = client.call("GET", "/v1/models", what="listing its models").get("data") or []
     names = [str(m.get("id")) for m in listing if isinstance(m, dict)]
     if wanted is None:
         if len(names) != 1:
             raise ServerError(f"the server at {client.base} serves {len(names)} models ({', '.join(names) or 'none'}); "
-                              "name the one to gate in engine.options.model.")
+                              f"name the one to gate in {where}.model.")
         wanted = names[0]
     if wanted not in names:
-        raise ServerError(f"the server at {client.base} serves no model named {wanted!r} (engine.options.model); it "
+        raise ServerError(f"the server at {client.base} serves no model named {wanted!r} ({where}.model); it "
                           f"serves: {', '.join(names) or 'none'}.")
     info = next(m for m in listing if str(m.get("id")) == wanted)
     return wanted, {k: info.get(k) for k in ("id", "root", "max_model_len", "owned_by") if info.get(k) is not None}
@@ -143,77 +143,99 @@ def check_tokenizer(client: Client, model: str, tokenizer: Any) -> str:
 
 
 def vocab_of(reference: Any) -> int:
+    if reference.model is None:  # a served reference (qval/engines/served_reference.py)
+        return int(reference.vocab)
     return int(reference.model.get_output_embeddings().weight.shape[0])
 
 
 def eos_of(reference: Any) -> list[int]:
+    if reference.model is None:
+        return list(reference.eos)
     eos = getattr(reference.model.generation_config, "eos_token_id", None)
     if eos is None:
         eos = reference.tokenizer.eos_token_id
     return [int(i) for i in (eos if isinstance(eos, list) else [eos]) if i is not None]
 
 
-def build_served(ctx: BuildContext) -> ServedEngine:
-    options = ServedOptions.model_validate(ctx.config.engine.options)
-    facts: dict[str, Any] = {"top_k": options.top_k, "concurrency": options.concurrency}
-    server, build = None, None
+def connect(options: ServedOptions, folder: Path | None, *, tokenizer: Any, vocab: int, eos: list[int], resolve: Any,
+            log_path: Path, log: Any, name: str, where: str, facts: dict[str, Any] | None = None,
+            notes: list[str] | None = None, **engine: Any) -> ServedEngine:
+    """A `ServedEngine` on the server `options` name: started on `folder` when they say `launch` (its log at
+    `log_path`, its model called `name` in the API), else reached at `url`; the model it serves checked (listed,
+    and its tokenizer gives `tokenizer`'s ids). `where` names the config section in messages. Any failure stops
+    a server it started."""
+    facts = {"top_k": options.top_k, "concurrency": options.concurrency, **(facts or {})}
+    server = None
     if options.launch is not None:
         launch = options.launch
-        python = python_of(launch, ctx.config.resolve)
-        folder, facts["launch"], build = model_folder(ctx, launch)
+        python = python_of(launch, resolve, where=f"{where}.launch")
         if launch.port is not None and port_in_use(launch.port):
-            raise ConfigError(f"engine.options.launch.port: port {launch.port} is in use on this machine; choose a free "
+            raise ConfigError(f"{where}.launch.port: port {launch.port} is in use on this machine; choose a free "
                               "port, or remove launch.port and qval picks one.")
         port = launch.port or free_port()
-        command = vllm_command(launch, python, folder, SERVED_NAME, port, options.top_k)
-        server = LaunchedServer(command, {**os.environ, **launch.env}, port, ctx.run_dir / "served" / "server.log",
-                                launch.startup_timeout_s)
-        facts["launch"].update({"command": command, "env": dict(launch.env), "log": str(server.log),
-                                "server_package": server_version(python)})
-        server.start(ctx.log)
-        base, wanted = server.url, SERVED_NAME
+        command = vllm_command(launch, python, folder, name, port, options.top_k)  # type: ignore[arg-type]
+        server = LaunchedServer(command, {**os.environ, **launch.env}, port, log_path, launch.startup_timeout_s)
+        facts.setdefault("launch", {}).update({"command": command, "env": dict(launch.env), "log": str(server.log),
+                                               "server_package": server_version(python, f"{where}.launch")})
+        server.start(log)
+        base, wanted = server.url, name
     else:
         base, wanted = str(options.url), options.model
     client = Client(base, timeout_s=options.timeout_s, retries=options.retries, api_key_env=options.api_key_env,
                     diagnose=server.diagnose if server is not None else None)
     try:
-        version = client.call("GET", "/version", what="telling its version", retries=0).get("version")
-    except ServerError:
-        version = None
-    try:
-        name, listed = served_model(client, wanted)
-        facts.update({"url": base, "model": name, "listed": listed, "server_version": version,
-                      "tokenizer": check_tokenizer(client, name, ctx.reference.tokenizer)})
+        try:
+            version = client.call("GET", "/version", what="telling its version", retries=0).get("version")
+        except ServerError:
+            version = None
+        served, listed = served_model(client, wanted, where)
+        facts.update({"url": base, "model": served, "listed": listed, "server_version": version,
+                      "tokenizer": check_tokenizer(client, served, tokenizer)})
     except BaseException:
         if server is not None:
             server.stop()
         raise
-    notes = ["scored through the server's prompt log-probabilities: per position its top "
+    notes = [*(notes or []),
+             "scored through the server's prompt log-probabilities: per position its top "
              f"{options.top_k} and the actual token's; top-1, NLL, perplexity and Δp are exact, KLD is an estimate "
              "with a strict lower bound (qval/metrics/topk.py)",
              "a sequence is scored in one request: the server prefills it in its own chunks, not piece by piece",
              f"greedy generation, prompts sent {options.concurrency} at a time (the server batches them as it does in "
              "deployment); EOS suppressed with logit_bias −100 and ignore_eos where a gate suppresses it"]
-    return ServedEngine(client, name, vocab_of(ctx.reference), options.top_k, options.concurrency, eos_of(ctx.reference),
-                        facts, server=server, notes=notes, fidelity=build.fidelity if build is not None else None)
+    return ServedEngine(client, served, vocab, options.top_k, options.concurrency, eos, facts, server=server, notes=notes, **engine)
+
+
+def build_served(ctx: BuildContext) -> ServedEngine:
+    options = ServedOptions.model_validate(ctx.config.engine.options)
+    folder, facts, build = None, {}, None
+    if options.launch is not None:
+        folder, launch_facts, build = model_folder(ctx, options.launch)
+        facts["launch"] = launch_facts
+    return connect(options, folder, tokenizer=ctx.reference.tokenizer, vocab=vocab_of(ctx.reference), eos=eos_of(ctx.reference),
+                   resolve=ctx.config.resolve, log_path=ctx.run_dir / "served" / "server.log", log=ctx.log, name=SERVED_NAME,
+                   where="engine.options", facts=facts, fidelity=build.fidelity if build is not None else None)
 
 
 def identity(cfg: Any) -> dict[str, Any]:
     """What the gates' stage keys must know beyond the config: the server package of a launched
     server and its model folder's content, or what a running server says it is."""
-    options = ServedOptions.model_validate(cfg.engine.options)
+    return server_identity(ServedOptions.model_validate(cfg.engine.options), cfg.resolve, "engine.options")
+
+
+def server_identity(options: ServedOptions, resolve: Any, where: str) -> dict[str, Any]:
+    """`identity` of the server `options` name (`where`: their place in the config, for messages)."""
     if options.launch is not None:
         launch = options.launch
-        out: dict[str, Any] = {"server_package": server_version(python_of(launch, cfg.resolve))}
+        out: dict[str, Any] = {"server_package": server_version(python_of(launch, resolve, where=f"{where}.launch"), f"{where}.launch")}
         if launch.model not in ("reference", "candidate"):
-            out["folder"] = tree_fingerprint(cfg.resolve(launch.model), WEIGHT_FILES)
+            out["folder"] = tree_fingerprint(resolve(launch.model), WEIGHT_FILES)
         return out
     client = Client(str(options.url), timeout_s=options.timeout_s, retries=1, api_key_env=options.api_key_env)
     try:
         version = client.call("GET", "/version", what="telling its version", retries=0).get("version")
     except ServerError:
         version = None
-    name, listed = served_model(client, options.model)
+    name, listed = served_model(client, options.model, where)
     return {"server_version": version, "served": listed, "answers": answer_fingerprint(client, name)}
 
 

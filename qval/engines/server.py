@@ -55,19 +55,20 @@ def vllm_command(launch: LaunchOptions, python: str | None, model_dir: Path, nam
     return head + args + list(launch.args)
 
 
-def python_of(launch: LaunchOptions, resolve: Callable[[str], Path]) -> str | None:
-    """The interpreter of the server's environment (None when `launch.command` is given instead)."""
+def python_of(launch: LaunchOptions, resolve: Callable[[str], Path], where: str = "engine.options.launch") -> str | None:
+    """The interpreter of the server's environment (None when `launch.command` is given instead); `where`:
+    the launch section's place in the config, for messages."""
     if launch.command:
         return None
     given = launch.python or os.environ.get("QVAL_VLLM_PYTHON")
     if not given:
-        raise ConfigError("engine.options.launch.python is not set and neither is $QVAL_VLLM_PYTHON: give the Python "
+        raise ConfigError(f"{where}.python is not set and neither is $QVAL_VLLM_PYTHON: give the Python "
                           "of vLLM's environment (for example /opt/vllm-venv/bin/python), or launch.command.")
     path = Path(given).expanduser()
     if os.sep in given or path.exists():
         path = resolve(given) if not path.is_absolute() else path
         if not path.is_file():
-            raise ConfigError(f"engine.options.launch.python: {given} is not a file; give the Python of vLLM's "
+            raise ConfigError(f"{where}.python: {given} is not a file; give the Python of vLLM's "
                               "environment (for example /opt/vllm-venv/bin/python).")
         return str(path.absolute())  # not resolved: a venv's python is a link whose own folder makes it that venv
     return given  # a command name, looked up on PATH when it starts
@@ -130,7 +131,7 @@ class LaunchedServer:
                     break
                 if time.perf_counter() - t0 > self.startup_timeout_s:
                     raise ServerError(f"the server did not answer within {self.startup_timeout_s:g} s "
-                                      f"(engine.options.launch.startup_timeout_s); its log {self.log} ends:\n{self.log_tail()}")
+                                      f"(launch.startup_timeout_s); its log {self.log} ends:\n{self.log_tail()}")
                 time.sleep(1.0)
         except BaseException:
             self.stop()

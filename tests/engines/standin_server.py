@@ -5,7 +5,8 @@ Run as vLLM's API server is (`python standin_server.py --model DIR --port P --se
 other arguments ignored). Its "model" is a fixed rule: the logits after token x are a random vector
 seeded by x (numpy), the same every run, so a test knows every answer. The tokenizer is the model
 folder's own (transformers), the vocabulary `STANDIN_VOCAB` (default 49152). `STANDIN_MODE` makes it
-misbehave: `exit_at_start`, `slow_start:S`, `die_after:N` (exit after N completions), `no_prompt_logprobs`,
+misbehave: `noise:S` (every logit moved by Gaussian noise of standard deviation S, seeded by the token too: a
+damaged model that still answers), `exit_at_start`, `slow_start:S`, `die_after:N` (exit after N completions), `no_prompt_logprobs`,
 `bad_tokenizer`, `sleep:S` (each completion takes S seconds). It writes its pid to `STANDIN_PIDFILE`.
 """
 
@@ -27,6 +28,8 @@ MODE = os.environ.get("STANDIN_MODE", "")
 def logprobs_after(token: int) -> np.ndarray:
     """The stand-in model's next-token log-probabilities after `token` (float32)."""
     x = np.random.default_rng(token).standard_normal(VOCAB).astype(np.float32) * 3
+    if MODE.startswith("noise:"):
+        x += np.random.default_rng(token + 10**7).standard_normal(VOCAB).astype(np.float32) * float(MODE.split(":")[1])
     return x - (np.log(np.exp(x - x.max()).sum()) + x.max())
 
 

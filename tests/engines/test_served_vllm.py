@@ -9,6 +9,9 @@ goes into one snapshot, computed once and read by every served candidate.
 - the same weights with one layer damaged: REJECTED by gate 1;
 - the same weights blind beyond 600 positions (a sliding window in the served config): gate 1 (positions
   < 512) and depth's first bucket pass, depth's later buckets and retrieval reject;
+- the reference served too (model.source: served, a second vLLM server qval starts on the folder the first
+  served) against the damaged layer: REJECTED by gate 1, with the reference's exact figures equal to the
+  in-process reference's on the same positions;
 - qval killed with SIGKILL while it gates: no process of the server is left.
 """
 
@@ -106,6 +109,27 @@ def test_a_model_blind_beyond_600_positions_passes_gate_1_and_is_rejected_deeper
     assert depth["top1@0-512"] == "pass" and depth["mean_kld@0-512"] == "pass", depth  # inside the window
     assert any(o == "fail" for n, o in depth.items() if not n.endswith("@0-512")), depth  # beyond it
     assert "retrieval" in failed, failed  # a needle more than 600 positions back is out of sight
+
+
+def test_a_served_reference_gives_the_in_process_reference_s_figures(clean, out):
+    folder = Path(clean.report["candidate"]["engine"]["launch"]["folder"])
+    bad = damaged_layer(folder, out / "damaged_layer_2", "model.layers.14.mlp.down_proj.weight", 1.5)
+    data = yaml.safe_load(CHECK.read_text())
+    launch = {**data["engine"]["options"]["launch"], "model": str(folder), "env": {"VLLM_CPU_KVCACHE_SPACE": "2",
+                                                                                  "VLLM_CPU_OMP_THREADS_BIND": "nobind"}}
+    data.update({"name": "served_reference", "model": {"source": "served", "served": {"top_k": 64, "concurrency": 8,
+                                                                                       "launch": launch}}})
+    data["engine"]["options"]["launch"]["model"] = str(bad)
+    data["gates"] = {"agreement": data["gates"]["agreement"]}
+    result = run_gate(parse_config(data, str(CHECK)), out_dir=str(out))
+    assert not result.verdict.approved and failed_gates(result) == {"agreement"}
+    assert result.report["model"]["served"] and result.report["model"]["engine"]["server_version"]
+    served = np.load(out / "served_reference" / "gate_agreement" / "positions.npz")
+    local = np.load(out / "served_vllm_cpu" / "gate_agreement" / "positions.npz")
+    assert served["nll_ref"].shape == local["nll_ref"].shape
+    assert np.abs(served["nll_ref"] - local["nll_ref"]).max() < 1e-3  # the same reference, two float32 engines
+    assert np.abs(served["p_ref"] - local["p_ref"]).max() < 1e-3
+    assert (served["kld_lower"] <= served["kld"] + 1e-12).all() and served["top1"].mean() < 0.99
 
 
 def _procs() -> dict[int, tuple[int, int, bytes]]:
