@@ -171,6 +171,12 @@ def served_location(cfg: ModelConfig) -> tuple[str, dict[str, Any], str, str]:
     if not (folder / "config.json").is_file():
         raise ModelError(f"{where}: {folder} has no config.json{_from_cwd(folder) if not folder.exists() else ''}; a served "
                          "reference needs a local folder with its model's config.json and tokenizer files (no weights needed).")
+    if served.launch is not None:  # the folder qval starts the server on: a model folder (its tokenizer may be elsewhere)
+        served_folder = Path(served.launch.model).expanduser()
+        if not (served_folder / "config.json").is_file():
+            raise ModelError(f"model.served.launch.model: {served_folder} is not a model folder (no config.json"
+                             f"{_from_cwd(served_folder)}); give the folder of the Hugging Face model to serve.")
+        check_weights(served_folder, "model.served.launch.model")
     fp = hash_json({"served": served.model_dump(mode="json", exclude={"concurrency", "timeout_s", "retries", "api_key_env"}),
                     "folder": tree_fingerprint(folder, ("*.json", "*.safetensors", "*.model", "*.txt", "*.jinja"))})
     return str(folder), {}, served.model or (served.url or folder.name), fp

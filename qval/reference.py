@@ -94,7 +94,10 @@ def _versions() -> dict[str, str | None]:
 def generation_inputs(ctx: "GateContext", kind: str, prompts: list[list[int]], settings: GenerationSettings) -> dict[str, Any]:
     """Everything the reference's tokens depend on; its hash is the cache key."""
     engine = ctx.reference.describe()
-    compute = {"device": engine.get("device"), "dtype": engine.get("dtype"), "backend": engine.get("backend"),
+    # a served reference's device names its URL, whose port a launched server picks anew each run: its identity is
+    # the fingerprint's (qval/engines/served_reference.py)
+    device = "server" if engine.get("backend") == "served" else engine.get("device")
+    compute = {"device": device, "dtype": engine.get("dtype"), "backend": engine.get("backend"),
                # intra-op threads change a CPU product's rounding: the count the pair computes with (concurrent.py)
                "threads": concurrent.share([ctx.reference, ctx.candidate])}
     if (numerics := determinism.key(str(engine.get("device")))) is not None:  # CUDA only: CPU keys are unchanged

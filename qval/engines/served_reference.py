@@ -102,14 +102,15 @@ def load_served_reference(cfg: Any, run_dir: Path, log: Callable[[str], Any]) ->
         raise ModelError(f"cannot read the served reference's configuration from {folder}: {err}.") from None
     options = cfg.model.served
     launch = options.launch
-    facts = {"launch": {"model": "path", "folder": str(folder), "dtype": launch.dtype}} if launch is not None else {}
+    served_folder = Path(launch.model).expanduser() if launch is not None else None  # model.tokenizer may name another
+    facts = {"launch": {"model": "path", "folder": str(served_folder), "dtype": launch.dtype}} if launch is not None else {}
     notes = ["the reference is served: qval holds no weights of it; its answers are its server's top "
              f"{options.top_k} log-probabilities per position, so no reference snapshot is kept (its greedy "
              "generations are cached as any reference's)",
              "with the candidate served too, both sides are known by their top K: the KLD estimate is then not a "
              "conservative figure (it ran below the exact KLD on the built-in model: benchmarks/RESULTS.md §13); the "
              "lower bound beside it is strict, and top-1, NLL, perplexity and Δp are exact"]
-    engine = connect(options, folder if launch is not None else None, tokenizer=tokenizer, vocab=_vocab(config, folder),
+    engine = connect(options, served_folder, tokenizer=tokenizer, vocab=_vocab(config, folder),
                      eos=_eos(folder, tokenizer), resolve=cfg.resolve, log_path=run_dir / "served_reference" / "server.log",
                      log=log, name=SERVED_NAME, where="model.served", facts=facts, config=config)
     try:

@@ -1,10 +1,11 @@
 """A served reference (model.source: served) against a served candidate, with stand-in servers
 (tests/engines/standin_server.py: every answer known). The real-vLLM case is in test_served_vllm.py.
 
-- the same stand-in model on both sides: APPROVE, top-1 1.0 and KLD 0 at every position, the exact NLL the
-  stand-in's rule gives, both servers' logs in the run folder and both gone after it;
+- the same stand-in model on both sides: APPROVE, top-1 1.0, KLD 0 and equal NLLs at every position, both
+  servers' logs in the run folder and both gone after it; every gate of the shipped CPU check runs (and approves);
 - a candidate whose logits carry noise: REJECTED by gate 1, its KLD's lower bound under the estimate;
-- what a served reference cannot do is a config error (exit 2) that says what to do.
+- what a served reference cannot do is a config error (exit 2) that says what to do; a reference and a
+  candidate both reached by URL is a valid config.
 """
 
 from __future__ import annotations
@@ -18,8 +19,9 @@ import numpy as np
 import pytest
 import yaml
 
+from qval import models
 from qval.config import load_config, parse_config
-from qval.errors import QvalError
+from qval.errors import ModelError, QvalError
 from qval.pipeline import run_gate
 from tests.conftest import ROOT, write_config
 from tests.engines.test_served import STANDIN, folder, wait_gone  # noqa: F401  (folder: a fixture)
@@ -90,6 +92,10 @@ def test_a_served_reference_and_a_candidate_by_url_is_a_valid_config(folder, tmp
     data["engine"] = {"backend": "served", "options": {"url": "http://gpu-host:8000", "model": "fp8"}}
     cfg = parse_config(data)
     assert cfg.model.served.url == "http://ref-host:8000" and not cfg.calibrates
+    # a launch on a folder that is not a model is said before any server starts, even with the tokenizer elsewhere
+    data["model"] = {"source": "served", "served": {"launch": {"model": str(tmp_path / "missing")}}, "tokenizer": str(folder)}
+    with pytest.raises(ModelError, match="model.served.launch.model: .* is not a model folder"):
+        models.locate(parse_config(data).model)
 
 
 @pytest.mark.parametrize("tokenizer, command, message", [
@@ -129,4 +135,10 @@ def test_every_gate_runs_against_a_served_reference(folder, tmp_path):
     assert set(statuses) == {"agreement", "quality", "longgen", "depth", "retrieval", "tasks"} and set(statuses.values()) == {"ok"}, statuses
     assert all(c.outcome in ("pass", "uninformative") for c in result.verdict.checks), [c for c in result.verdict.checks if c.outcome == "fail"]
     assert result.verdict.approved
-    assert list((tmp_path / "runs" / ".reference").glob("*/longgen.json")), "the reference's generations are cached"
+    assert result.report["gates"]["longgen"]["details"]["reference_generation"]["cached"] is False
+    # another candidate's run against the same served reference (a new server, on another port) reads them back
+    data["name"] = "every_gate_again"
+    for name in g:
+        g[name]["enabled"] = name == "longgen"
+    again = run_gate(parse_config(data, str(ROOT / "checks/served_vllm_cpu.yaml")), out_dir=str(tmp_path / "runs"))
+    assert again.report["gates"]["longgen"]["details"]["reference_generation"]["cached"] is True
