@@ -83,8 +83,9 @@ class Session:
     def reference(self) -> LoadedModel:
         if self._reference is None:
             self.progress.log(f"loading reference model ({self.config.model.source}) …")
-            if self.served:
-                self._reference = load_served_reference(self.config, self.run.path, self.progress.log)  # type: ignore[assignment]
+            if self.served:  # its identity, asked of its server once for the stage keys, goes with it
+                fp = self.reference_identity()["fingerprint"]
+                self._reference = load_served_reference(self.config, self.run.path, self.progress.log, fp)  # type: ignore[assignment]
             else:
                 self._reference = self.loader() if self.loader is not None else load_model(self.config.model)
             self._tokenizer = self._reference.tokenizer
@@ -160,8 +161,7 @@ class Session:
 
     def gate_reference(self, shared: Path, in_memory: bool = True) -> Any:
         """The reference engine the gates use: the snapshot's (the default) or the model itself.
-        `in_memory` False (a sequential run's candidate phase): the snapshot alone, no model. A served
-        reference answers live: no snapshot (its answers are top-K distributions already)."""
+        `in_memory` False (a sequential run's candidate phase): the snapshot alone, no model; a served reference, live."""
         if not self.config.snapshot.enabled or self.served:
             return self.ref_engine
         if self._snapshot is None:

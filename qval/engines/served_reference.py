@@ -87,8 +87,9 @@ class ServedReference:
         self.engine.close()
 
 
-def load_served_reference(cfg: Any, run_dir: Path, log: Callable[[str], Any]) -> ServedReference:
-    """Reach (or start) the reference's server and check it serves the model the local folder describes."""
+def load_served_reference(cfg: Any, run_dir: Path, log: Callable[[str], Any], fingerprint: str) -> ServedReference:
+    """Reach (or start) the reference's server and check it serves the model the local folder describes;
+    `fingerprint`: its identity (`fingerprint(cfg)`, which the run computed for its stage keys)."""
     from transformers import AutoConfig
 
     from .. import models
@@ -113,8 +114,4 @@ def load_served_reference(cfg: Any, run_dir: Path, log: Callable[[str], Any]) ->
     engine = connect(options, served_folder, tokenizer=tokenizer, vocab=_vocab(config, folder),
                      eos=_eos(folder, tokenizer), resolve=cfg.resolve, log_path=run_dir / "served_reference" / "server.log",
                      log=log, name=SERVED_NAME, where="model.served", facts=facts, config=config)
-    try:
-        return ServedReference(engine, tokenizer, name, fingerprint(cfg), notes=notes)
-    except BaseException:
-        engine.close()
-        raise
+    return ServedReference(engine, tokenizer, name, fingerprint, notes=notes)
