@@ -78,7 +78,7 @@ class ServedReference:
 
     def describe(self) -> dict[str, Any]:
         d = self.engine.describe()
-        launch = self.engine._facts.get("launch") or {}
+        launch = d.get("launch") or {}
         return {"name": self.name, "fingerprint": self.fingerprint, "device": self.device, "served": True,
                 "compute_dtype": f"the server's {launch.get('dtype') or 'dtype'}", "engine": d,
                 "notes": [*self.notes, *d.get("notes", [])]}
