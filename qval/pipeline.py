@@ -307,7 +307,7 @@ def _finish(s: Session, stage: Stage, started: float, result: GateResult, refere
     result.folder = stage.path  # its own files, for the gates that read them (GateContext.upstream)
     if before is not None:  # this gate's use of the snapshot: reference calls computed / read back
         after = reference.usage()
-        result.details["snapshot"] = {"key": reference.store.key, **{k: round(after[k] - before[k], 2) for k in before}}
+        result.record_snapshot_use({"key": reference.store.key, **{k: round(after[k] - before[k], 2) for k in before}})
     atomic_write_json(stage.path / "result.json", result.to_dict())
     stage.finish(started, {"status": result.status, "memory": mem.describe()})
     s.run.record(stage, cached=False)

@@ -19,6 +19,8 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+from .judges import tasks
+
 POLICIES = ("smallest", "closest")
 _STATUS = {"APPROVE": 0, "REJECT": 1, "ERROR": 2}
 
@@ -60,10 +62,7 @@ def rank_key(s: Standing, policy: str) -> tuple[Any, ...]:
 
 def worst_drop(report: dict[str, Any]) -> float | None:
     """Gate 4's summary figure: the largest paired drop over its suites (None without gate 4)."""
-    ms = report.get("gates", {}).get("tasks", {}).get("measurements", {})
-    drops = [v.get("value") for k, v in ms.items() if k.startswith("drop@")]
-    drops = [d for d in drops if d is not None]
-    return max(drops) if drops else None
+    return tasks.worst_drop(report.get("gates", {}).get("tasks") or {})
 
 
 def mean_kld(report: dict[str, Any]) -> float | None:

@@ -16,6 +16,7 @@ from .errors import DataError
 from .gate_metrics import TABLES, Metric
 from .metrics import Estimate
 from .metrics.thresholds import absolute_rates
+from .results import Details, typed
 
 
 @dataclass(frozen=True)
@@ -52,7 +53,8 @@ class GateResult:
     #: is back (GateSpec.complete), never in a report
     status: Literal["ok", "error", "nonfinite", "skipped", "pending"]
     measurements: dict[str, Estimate] = field(default_factory=dict)
-    details: dict[str, Any] = field(default_factory=dict)
+    #: the gate's typed details (qval.results) where its gate has a type and it finished, else a plain dict
+    details: Any = field(default_factory=dict)
     error: str | None = None
     seconds: float = 0.0
     #: the gate's stage folder, where it wrote its own files (gate 1's per-position arrays): set by whoever runs
@@ -68,6 +70,13 @@ class GateResult:
                             "run the gate again (delete its stage folder).")
         return path
 
+    def record_snapshot_use(self, use: dict[str, Any]) -> None:
+        """This gate's use of the snapshot reference (calls computed / read back), in its details."""
+        if isinstance(self.details, Details):
+            self.details.snapshot = use
+        else:
+            self.details["snapshot"] = use
+
     def to_dict(self) -> dict[str, Any]:
         return {
             "gate": self.gate,
@@ -75,7 +84,7 @@ class GateResult:
             "error": self.error,
             "seconds": round(self.seconds, 2),
             "measurements": {k: v.to_dict() for k, v in self.measurements.items()},
-            "details": self.details,
+            "details": self.details.to_dict() if isinstance(self.details, Details) else self.details,
         }
 
     @classmethod
@@ -84,7 +93,7 @@ class GateResult:
             gate=d["gate"],
             status=d["status"],
             measurements={k: Estimate.from_dict(v) for k, v in d["measurements"].items()},
-            details=d.get("details", {}),
+            details=typed(d["gate"], d["status"], d.get("details", {})),
             error=d.get("error"),
             seconds=d.get("seconds", 0.0),
         )

@@ -19,7 +19,8 @@ def _run(approved, failures=0, kld=None, drops=()):
     if kld is not None:
         gates["agreement"] = {"measurements": {"mean_kld": {"value": kld}}}
     if drops:
-        gates["tasks"] = {"measurements": {f"drop@s{i}": {"value": d} for i, d in enumerate(drops)}}
+        gates["tasks"] = {"measurements": {f"drop@s{i}": {"value": d} for i, d in enumerate(drops)},
+                          "details": {"suites": [{"suite": f"s{i}"} for i in range(len(drops))]}}
     return SimpleNamespace(verdict=SimpleNamespace(approved=approved, failures=[object()] * failures), report={"gates": gates})
 
 

@@ -102,7 +102,8 @@ def test_equal_sized_candidates_rank_by_the_answers_they_lose_then_by_kld(tmp_pa
     def entry(name, drops, kld):
         cfg = parse_config({"name": name, "quant": {"format": "fp8"}, "gates": {"agreement": {"min_top1": 0.5}}}, f"{name}.yaml")
         gates = {"agreement": {"measurements": {"mean_kld": {"value": kld}}},
-                 "tasks": {"measurements": {f"drop@s{i}": {"value": d} for i, d in enumerate(drops)}}}
+                 "tasks": {"measurements": {f"drop@s{i}": {"value": d} for i, d in enumerate(drops)},
+                           "details": {"suites": [{"suite": f"s{i}"} for i in range(len(drops))]}}}
         run = RunResult(cfg, Verdict(approved=True, checks=[]), tmp_path, {"gates": gates})
         return SweepEntry(cfg, None, Footprint(8.0, 100.0, 1.0, 1.0), run)
 

@@ -30,6 +30,7 @@ from ..gate_metrics import QUALITY
 from ..metrics.estimate import Estimate
 from ..progress import SILENT
 from ..reference import GenerationSettings, paired_generations, render_prompts
+from ..results import QualityDetails
 from ..verdict import GateResult
 from .base import GateContext, GateSpec
 
@@ -222,7 +223,7 @@ def run(ctx: GateContext) -> GateResult:
     measurements, ppl_details = perplexity_part(nll_ref, nll_cand)
     bleu_m, bleu_details, bad = bleu_part(ctx)
     measurements.update(bleu_m)
-    details = {"ppl": {**ppl_info, **ppl_details}, "bleu": bleu_details}
+    details = QualityDetails.model_validate({"ppl": {**ppl_info, **ppl_details}, "bleu": bleu_details})
     if bad is not None:
         return GateResult("quality", "nonfinite", measurements, details, seconds=time.perf_counter() - t0,
                           error=f"the candidate produced non-finite logits while answering BLEU prompt {bad}")

@@ -15,6 +15,7 @@ from ..metrics import (delta_p_summary, kld_summary, mean_estimate, proportion,
                        quantiles)
 from ..metrics.agreement import kld_bound_details
 from ..metrics.estimate import Estimate
+from ..results import AgreementDetails
 from ..verdict import GateResult, Threshold
 
 
@@ -32,9 +33,10 @@ def summarize(a: dict[str, np.ndarray], info: dict[str, Any], seconds: float) ->
         "p99_kld": Estimate(value=p99, n=int(a["kld"].size)),
         "mean_delta_p": mean_estimate(dp),
     }
-    details = {**info, **kld_bound_details(a), "kld": {k: (v.to_dict() if hasattr(v, "to_dict") else v) for k, v in kld.items()},
-               "delta_p": {k: (v.to_dict() if hasattr(v, "to_dict") else v) for k, v in delta_p_summary(dp).items()},
-               "kld_histogram": histogram(a["kld"])}
+    details = AgreementDetails.model_validate({
+        **info, **kld_bound_details(a), "kld": {k: (v.to_dict() if hasattr(v, "to_dict") else v) for k, v in kld.items()},
+        "delta_p": {k: (v.to_dict() if hasattr(v, "to_dict") else v) for k, v in delta_p_summary(dp).items()},
+        "kld_histogram": histogram(a["kld"])})
     return GateResult("agreement", "ok", measurements=measurements, details=details, seconds=seconds)
 
 

@@ -16,6 +16,8 @@ from ..metrics import (delta_p_summary, kld_summary, mean_estimate, proportion,
                        quantiles)
 from ..metrics.agreement import kld_bound_details
 from ..metrics.estimate import Estimate
+from ..results import DepthDetails, parse
+from ..results.depth import Window
 from ..verdict import GateResult, Threshold
 
 
@@ -70,15 +72,16 @@ def divergence(kld: np.ndarray, top1: np.ndarray, window: int) -> dict[str, Any]
     return {"first_difference": int(differs[0]) if differs.size else None, "window": window, "series": series}
 
 
-def first_beyond(series: list[dict[str, Any]], max_kld: float | None, min_top1: float | None) -> int | None:
+def first_beyond(series: list[Window], max_kld: float | None, min_top1: float | None) -> int | None:
     """Start of the first window whose mean KLD is above `max_kld` or top-1 below `min_top1`.
 
-    >>> first_beyond([{"start": 0, "kld": 0.01, "top1": 0.9}, {"start": 128, "kld": 0.2, "top1": 0.9}], 0.05, None)
+    >>> w = [Window(start=0, end=128, kld=0.01, top1=0.9), Window(start=128, end=256, kld=0.2, top1=0.9)]
+    >>> first_beyond(w, 0.05, None)
     128
     """
     for w in series:
-        if (max_kld is not None and w["kld"] > max_kld) or (min_top1 is not None and w["top1"] < min_top1):
-            return int(w["start"])
+        if (max_kld is not None and w.kld > max_kld) or (min_top1 is not None and w.top1 < min_top1):
+            return w.start
     return None
 
 
@@ -86,13 +89,12 @@ def where_it_diverges(cfg: GateConfig, result: GateResult | None) -> str:
     """'first departs from the reference at depth 601; windows beyond the limits from depth 640'."""
     if result is None or result.status != "ok":
         return ""
-    g, d = cfg.gates.depth, result.details.get("divergence", {})
-    first = d.get("first_difference")
-    if first is None:
+    g, d = cfg.gates.depth, parse(DepthDetails, result.details, "gate depth's result").divergence
+    if d.first_difference is None:
         return "the candidate reproduces the reference at every depth"
-    beyond = first_beyond(d.get("series", []), g.max_mean_kld, g.min_top1)
-    text = f"the candidate first departs from the reference at depth {first}"
-    return text + (f"; windows of {d.get('window')} beyond the limits from depth {beyond}" if beyond is not None
+    beyond = first_beyond(d.series, g.max_mean_kld, g.min_top1)
+    text = f"the candidate first departs from the reference at depth {d.first_difference}"
+    return text + (f"; windows of {d.window} beyond the limits from depth {beyond}" if beyond is not None
                    else "; no window of it crosses the limits")
 
 
@@ -116,8 +118,9 @@ def summarize(cfg: GateConfig, a: dict[str, np.ndarray], info: dict[str, Any], s
     allk = a["kld"].reshape(-1)
     measurements["top1"] = proportion(a["top1"].reshape(-1))
     measurements["mean_kld"] = mean_estimate(allk)
-    details = {**info, **kld_bound_details(a), "scored_positions": int(allk.size), "scored_per_chunk": scored, "buckets": buckets,
-               "divergence": divergence(a["kld"], a["top1"], g.window)}
+    details = DepthDetails.model_validate({**info, **kld_bound_details(a), "scored_positions": int(allk.size),
+                                           "scored_per_chunk": scored, "buckets": buckets,
+                                           "divergence": divergence(a["kld"], a["top1"], g.window)})
     return GateResult("depth", "ok", measurements=measurements, details=details, seconds=seconds)
 
 

@@ -16,6 +16,8 @@ from ..gate_metrics import QUALITY, Metric
 from ..metrics import (mean_estimate, perplexity, sized_threshold)
 from ..metrics.estimate import Estimate
 from ..metrics.perplexity import ppl_ratio
+from ..results import QualityDetails, parse
+from ..results.quality import LangGroup
 from ..verdict import GateResult, Threshold
 
 
@@ -44,8 +46,8 @@ def _sized_ppl(limit: Sized, result: GateResult) -> Threshold:
     with paired data the difference's own σ_d replaces it (σ² := σ_d²/2 gives sqrt(2σ²/n) = σ_d/√n).
     threshold = exp(|Φ⁻¹(α)|·σ_d/√n); the detectable effect is a relative PPL increase exp(θ) − 1.
     """
-    p = result.details["ppl"]
-    sigma_d, n = p["sigma_nll_diff"], p["positions"]
+    p = parse(QualityDetails, result.details, "gate quality's result").ppl
+    sigma_d, n = p.sigma_nll_diff, p.positions
     s = sized_threshold(0.0, sigma_d / math.sqrt(2.0), n, alpha=limit.alpha, beta=limit.beta, higher_is_better=False)
     return Threshold("quality", _PPL.key, _PPL.op, math.exp(s.threshold), _PPL.label,
                      "sized", math.exp(s.min_detectable_effect) - 1.0,
@@ -58,12 +60,17 @@ def _sized_drop(m: Metric, lang_key: str, limit: Sized, result: GateResult, what
     """TRT-LLM sizing of a BLEU/chrF drop: σ = per-sentence score std of the reference's
     generations, n = sentences; threshold = |Φ⁻¹(α)|·sqrt(2σ²/n) points of drop."""
     score = m.key.removesuffix("_drop")  # "bleu", "chrf": the group's figures are named after it
-    grp = result.details["bleu"]["groups"][lang_key]
-    sigma, n = grp[f"{score}_sentence_sigma"], grp["sentences"]
+    grp = _groups(result)[lang_key]
+    sigma, n = grp.sentence_sigma(score), grp.sentences
     s = sized_threshold(0.0, sigma, n, alpha=limit.alpha, beta=limit.beta, higher_is_better=False)
     return Threshold("quality", f"{m.key}_{lang_key}", m.op, s.threshold, what, "sized", s.min_detectable_effect,
                      {"sigma": sigma, "n": n, "alpha": limit.alpha, "beta": limit.beta, "effect_unit": f"{score} points"},
                      detectable=s.min_detectable_effect)
+
+
+def _groups(result: GateResult) -> dict[str, LangGroup]:
+    bleu = parse(QualityDetails, result.details, "gate quality's result").bleu
+    return bleu.groups if bleu is not None else {}
 
 
 def thresholds(cfg: GateConfig, result: GateResult | None) -> list[Threshold]:
@@ -79,7 +86,7 @@ def thresholds(cfg: GateConfig, result: GateResult | None) -> list[Threshold]:
         limit = getattr(g, m.field)
         if limit is None:
             continue
-        langs = sorted(result.details["bleu"]["groups"]) if usable else []  # type: ignore[union-attr]
+        langs = sorted(_groups(result)) if usable else []  # type: ignore[arg-type]
         if not langs:  # the gate did not produce groups: one check that fails and says why
             out.append(Threshold("quality", m.key, m.op, limit if isinstance(limit, float) else float("nan"),
                                  m.describe(per="")))

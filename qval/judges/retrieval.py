@@ -15,6 +15,7 @@ from ..gate_metrics import RETRIEVAL
 from ..metrics import (mean_estimate)
 from ..metrics.estimate import Estimate
 from ..metrics.paired import PairedCounts, noninferiority, paired_counts, wilson_interval
+from ..results import RetrievalDetails, parse
 from ..verdict import GateResult, Threshold
 
 
@@ -56,10 +57,15 @@ def summarize(cfg: GateConfig, rows: list[dict[str, Any]], info: dict[str, Any],
         w = _wilson(k, c_all.n)
         measurements[key] = Estimate(w["value"], None, w["lo"], w["hi"], c_all.n)
     flips = [r for r in rows if r["ref_right"] != r["cand_right"]]
-    details = {**info, "per_length": lengths, "cells": cells, "overall": {"counts": c_all.to_dict(), "drop": ni_all},
-               "flipped": flips, "rows": rows, "alpha": g.alpha, "beta": g.beta,
-               "interval": f"Newcombe paired, two-sided {1 - 2 * g.alpha:.0%} (its upper end is the one-sided {1 - g.alpha:.0%} bound)"}
+    details = RetrievalDetails.model_validate({
+        **info, "per_length": lengths, "cells": cells, "overall": {"counts": c_all.to_dict(), "drop": ni_all},
+        "flipped": flips, "rows": rows, "alpha": g.alpha, "beta": g.beta,
+        "interval": f"Newcombe paired, two-sided {1 - 2 * g.alpha:.0%} (its upper end is the one-sided {1 - g.alpha:.0%} bound)"})
     return GateResult("retrieval", "ok", measurements=measurements, details=details, seconds=seconds)
+
+
+def _details(result: GateResult) -> RetrievalDetails:
+    return parse(RetrievalDetails, result.details, "gate retrieval's result")
 
 
 def _informative(cfg: GateConfig, result: GateResult | None, length: int | None) -> tuple[bool, str | None]:
@@ -68,10 +74,7 @@ def _informative(cfg: GateConfig, result: GateResult | None, length: int | None)
     g = cfg.gates.retrieval
     if result is None or result.status != "ok":
         return True, None  # the check fails for the missing result, as any other
-    if length is None:
-        c = PairedCounts(**result.details["overall"]["counts"])
-    else:
-        c = next(PairedCounts(**x["counts"]) for x in result.details["per_length"] if x["length"] == length)
+    c = PairedCounts(**_details(result).at_length(length).counts.to_dict())
     acc = c.ref_correct / c.n if c.n else 0.0
     if acc >= g.min_reference_accuracy:
         return True, None
@@ -82,8 +85,7 @@ def _informative(cfg: GateConfig, result: GateResult | None, length: int | None)
 def _detectable(result: GateResult | None, key: str, length: int | None) -> float | None:
     if result is None or result.status != "ok":
         return None
-    d = result.details["overall"]["drop"] if length is None else next(x["drop"] for x in result.details["per_length"] if x["length"] == length)
-    return d.get("detectable_drop")
+    return _details(result).at_length(length).drop.detectable_drop
 
 
 def thresholds(cfg: GateConfig, result: GateResult | None) -> list[Threshold]:

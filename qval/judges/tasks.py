@@ -91,7 +91,7 @@ def summarize(cfg: GateConfig, suites: list[dict[str, Any]], seconds: float) -> 
         c = paired_counts([r["ref_right"] for r in rows], [r["cand_right"] for r in rows])
         ni = noninferiority(c, suite.margin, alpha=suite.alpha, beta=suite.beta)
         L = s["suite"]
-        measurements[f"drop@{L}"] = Estimate(ni["drop"], None, ni["lo"], ni["hi"], c.n)
+        measurements[drop_key(L)] = Estimate(ni["drop"], None, ni["lo"], ni["hi"], c.n)
         measurements[f"flip_rate@{L}"] = Estimate(ni["flip_rate"], None, *ni["flip_interval"], c.n)
         measurements[f"ref_accuracy@{L}"] = Estimate(ni["ref_accuracy"], None, *ni["ref_interval"], c.n)
         measurements[f"cand_accuracy@{L}"] = Estimate(ni["cand_accuracy"], None, *ni["cand_interval"], c.n)
@@ -105,6 +105,20 @@ def summarize(cfg: GateConfig, suites: list[dict[str, Any]], seconds: float) -> 
     notes = [s["shortfall"] for s in out if s.get("shortfall")]
     details = {"suites": out, **({"shortfall": "; ".join(notes)} if notes else {})}
     return GateResult("tasks", "ok", measurements=measurements, details=details, seconds=seconds)
+
+
+def drop_key(label: str) -> str:
+    """The measurement that holds suite `label`'s paired drop (reference − candidate, in its unit)."""
+    return f"drop@{label}"
+
+
+def worst_drop(gate: dict[str, Any]) -> float | None:
+    """The largest paired drop over the suites of gate 4's stored result (report.json's gates.tasks),
+    read by each suite's key; None when no suite has one (`ranking` orders candidates by it)."""
+    ms = gate.get("measurements") or {}
+    drops = [(ms.get(drop_key(s["suite"])) or {}).get("value") for s in (gate.get("details") or {}).get("suites", [])]
+    drops = [d for d in drops if d is not None]
+    return max(drops) if drops else None
 
 
 SHOWN_DROPS = 5  # items of a score suite listed in the report: the largest per-item drops
@@ -134,7 +148,7 @@ def summarize_scores(suite: TaskSuite, s: dict[str, Any], rows: list[dict[str, A
         per_item = [(r["ref_score"] - r["cand_score"]) * (1 if higher else -1) for r in rows]
         ref_est, cand_est = Estimate(ref_v, None, *st["ref_interval"], st["n"]), Estimate(cand_v, None, *st["cand_interval"], st["n"])
     st.update(ref_value=ref_v, cand_value=cand_v, unit=unit)
-    measurements[f"drop@{L}"] = Estimate(st["drop"], st["stderr"], st["lo"], st["hi"], st["n"])
+    measurements[drop_key(L)] = Estimate(st["drop"], st["stderr"], st["lo"], st["hi"], st["n"])
     measurements[f"ref_score@{L}"] = ref_est
     measurements[f"cand_score@{L}"] = cand_est
     if info:

@@ -7,6 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 from .numbers import fmt, number
+from ..results.agreement import Scored
 
 #: each gate's section title; a gate not named here is titled by its name
 TITLES = {"agreement": "Gate 1 — logits agreement",
@@ -88,9 +89,9 @@ def failed_text(v: dict[str, Any]) -> str:
     return f"{v['failed_checks']} of {len(v['checks'])} checks failed"
 
 
-def right(flip: dict[str, Any]) -> str:
-    """Which model answered a flipped item (or trial) right."""
-    return "reference" if flip["ref_right"] else "candidate"
+def right(ref_right: bool) -> str:
+    """Which model answered a flipped item (or trial) right: the reference where it did."""
+    return "reference" if ref_right else "candidate"
 
 
 def split_suites(suites: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
@@ -135,22 +136,22 @@ def snapshot_text(model: dict[str, Any]) -> str | None:
             f"this run computed {s.get('reference_forward_calls')} reference passes and read {s.get('reused_calls')} back")
 
 
-def kld_bound_text(d: dict[str, Any]) -> str | None:
-    """The KLD caveats of a gate's details: the snapshot's upper bound and, when audited, the exact
-    figure; a top-K candidate's lower bound and the mass it did not show."""
+def kld_bound_text(d: Scored) -> str | None:
+    """The KLD caveats of gate 1's or 1b's details: the snapshot's upper bound and, when audited, the
+    exact figure; a top-K candidate's lower bound and the mass it did not show."""
     parts = []
-    if b := d.get("kld_bound"):
-        text = (f"KLD from the reference snapshot (top-k exact, tail sampled): mean {fmt(b.get('mean_kld'))}; the "
-                f"full-vocabulary mean is at most {fmt(b.get('mean_kld_upper'))} (strict bound)")
-        if a := d.get("kld_audit"):
+    if b := d.kld_bound:
+        text = (f"KLD from the reference snapshot (top-k exact, tail sampled): mean {fmt(b.mean_kld)}; the "
+                f"full-vocabulary mean is at most {fmt(b.mean_kld_upper)} (strict bound)")
+        if a := d.kld_audit:
             text += (f"; audited against the full reference logits computed in this run: exact mean "
-                     f"{fmt(a.get('mean_kld_exact'))}, relative difference {100 * number(a.get('relative_difference', 'nan')):+.2f} %")
+                     f"{fmt(a.mean_kld_exact)}, relative difference {100 * number(a.relative_difference):+.2f} %")
         parts.append(text + ".")
-    if t := d.get("kld_topk"):
+    if t := d.kld_topk:
         parts.append(f"KLD of a candidate known by its top K log-probabilities (a served engine): the gated estimate, mean "
-                     f"{fmt(t.get('mean_kld'))} (p99 {fmt(t.get('p99_kld'))}), is at least {fmt(t.get('mean_kld_lower'))} "
-                     f"(p99 {fmt(t.get('p99_kld_lower'))}, strict lower bound); the reference puts "
-                     f"{fmt(t.get('mean_unseen_mass'))} of its probability on average (p99 {fmt(t.get('p99_unseen_mass'))}) "
+                     f"{fmt(t.mean_kld)} (p99 {fmt(t.p99_kld)}), is at least {fmt(t.mean_kld_lower)} "
+                     f"(p99 {fmt(t.p99_kld_lower)}, strict lower bound); the reference puts "
+                     f"{fmt(t.mean_unseen_mass)} of its probability on average (p99 {fmt(t.p99_unseen_mass)}) "
                      "on tokens the candidate did not show, where the estimate assumes the damage it measured on the seen "
                      "ones; no upper bound exists from top-K log-probabilities.")
     return " ".join(parts) or None

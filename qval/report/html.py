@@ -23,6 +23,7 @@ from .formatting import (CHECK_COLUMNS, DROP_COLUMNS, FLIP_COLUMNS, LMEVAL_COLUM
 from .error_rates import SIZE_COLUMN, SIZE_NOTE, file_text, size_cell
 from .html_parts import badge, figure, num, table
 from .numbers import fmt
+from ..results import AgreementDetails, DepthDetails, RetrievalDetails, parse
 
 CSS = """
 body{font-family:Helvetica,Arial,sans-serif;margin:24px auto;max-width:1100px;color:#222;line-height:1.4}
@@ -83,11 +84,11 @@ def _measurements(g: dict[str, Any]) -> str:
 
 
 def agreement_plots(g: dict[str, Any]) -> str:
-    h = (g.get("details") or {}).get("kld_histogram") or {}
-    if not h.get("edges"):
+    h = parse(AgreementDetails, g["details"], "report.json's gate agreement").kld_histogram if g.get("status") == "ok" else None
+    if h is None or not h.edges:
         return '<p class="note">No KLD histogram (no positive KLD values).</p>'
-    svg = charts.histogram_chart(h["edges"], h["counts"], "Per-position KLD(ref‖cand)", "KLD, nats (log scale)")
-    return figure(svg, "KLD histogram", f"{sum(h['counts'])} positions with KLD > 0; {h.get('zeros', 0)} at exactly 0 are not shown.")
+    svg = charts.histogram_chart(h.edges, h.counts, "Per-position KLD(ref‖cand)", "KLD, nats (log scale)")
+    return figure(svg, "KLD histogram", f"{sum(h.counts)} positions with KLD > 0; {h.zeros} at exactly 0 are not shown.")
 
 
 def _window_columns(windows: Any) -> dict[str, list[float | None]]:
@@ -124,46 +125,49 @@ def longgen_plots(g: dict[str, Any]) -> str:
 
 def depth_plots(g: dict[str, Any]) -> str:
     """Gate 1 at depth: mean KLD and top-1 per window of depth, and the per-bucket table."""
-    d = g.get("details") or {}
-    series = (d.get("divergence") or {}).get("series") or []
-    if not series:
+    d = parse(DepthDetails, g["details"], "report.json's gate depth") if g.get("status") == "ok" else None
+    if d is None or not d.divergence.series:
         return '<p class="note">No per-depth series in this gate\'s details.</p>'
-    xs = [num(w.get("start")) or 0.0 for w in series]
-    out = [figure(charts.line_chart({"mean KLD": [(x, num(w.get("kld"))) for x, w in zip(xs, series)]},
+    series = d.divergence.series
+    xs = [float(w.start) for w in series]
+    out = [figure(charts.line_chart({"mean KLD": [(x, num(w.kld)) for x, w in zip(xs, series)]},
                                     "Mean KLD(ref‖cand) by depth", "position in the context (window start)", "KLD, nats"), "KLD by depth"),
-           figure(charts.line_chart({"top-1": [(x, num(w.get("top1"))) for x, w in zip(xs, series)]},
+           figure(charts.line_chart({"top-1": [(x, num(w.top1)) for x, w in zip(xs, series)]},
                                     "Top-1 agreement by depth", "position in the context (window start)", "top-1", include_zero=False),
                   "top-1 by depth")]
-    rows = [[b["label"], b["positions"], (b.get("top1") or {}).get("value"), ((b.get("kld") or {}).get("mean") or {}).get("value"),
-             (b.get("kld") or {}).get("p99"), ((b.get("delta_p") or {}).get("mean") or {}).get("value")] for b in d.get("buckets", [])]
+    rows = [[b.label, b.positions, b.top1.get("value"), b.kld.mean.get("value"), b.kld.p99, b.delta_p.mean.get("value")]
+            for b in d.buckets]
     out.append(table(["depth", "positions", "top-1", "mean KLD", "p99 KLD", "Δp mean"], rows, [1, 2, 3, 4, 5]))
     return "".join(out)
 
 
 def retrieval_plots(g: dict[str, Any]) -> str:
     """The retrieval matrix as three heatmaps (length × depth): reference, candidate, difference."""
-    d = g.get("details") or {}
-    cells, lengths, depths = d.get("cells") or [], d.get("lengths") or [], d.get("depths") or []
-    if not cells:
+    d = parse(RetrievalDetails, g["details"], "report.json's gate retrieval") if g.get("status") == "ok" else None
+    if d is None or not d.cells:
         return '<p class="note">No retrieval cells in this gate\'s details.</p>'
+    at = {(c.length, c.depth): c for c in d.cells}
 
-    def grid(key: str) -> list[list[float | None]]:
-        at = {(c["length"], c["depth"]): c for c in cells}
-        return [[(at[(L, x)][key] / at[(L, x)]["n"]) if at.get((L, x), {}).get("n") else None for x in depths] for L in lengths]
+    def grid(side: str) -> list[list[float | None]]:
+        return [[getattr(at[(L, x)], side) / at[(L, x)].n if (L, x) in at and at[(L, x)].n else None for x in d.depths]
+                for L in d.lengths]
 
     ref, cand = grid("ref_right"), grid("cand_right")
     diff = [[(c - r) if r is not None and c is not None else None for r, c in zip(rr, cc)] for rr, cc in zip(ref, cand)]
-    rows, cols = [str(L) for L in lengths], [f"{x:.0%}" for x in depths]
+    rows, cols = [str(L) for L in d.lengths], [f"{x:.0%}" for x in d.depths]
     out = [figure(charts.heatmap(rows, cols, ref, "Reference accuracy", "needle depth", "context tokens"), "reference accuracy"),
            figure(charts.heatmap(rows, cols, cand, "Candidate accuracy", "needle depth", "context tokens"), "candidate accuracy"),
            figure(charts.heatmap(rows, cols, diff, "Candidate − reference", "needle depth", "context tokens", -1.0, 1.0,
                                  diverging=True), "accuracy difference", "red: the candidate loses trials the reference solves")]
-    flips = d.get("flipped") or []
-    if flips:
+    if d.flipped:
         out.append(table(["length", "depth", "key", "reference answer", "candidate answer", "right"],
-                         ([f["length"], f"{f['depth']:.0%}", f["key"], f.get("ref_answer", "–"), f.get("cand_answer", "–"), right(f)]
-                          for f in flips)))
+                         ([f.length, f"{f.depth:.0%}", f.key, _or_dash(f.ref_answer), _or_dash(f.cand_answer), right(f.ref_right)]
+                          for f in d.flipped)))
     return "".join(out)
+
+
+def _or_dash(answer: str | None) -> str:
+    return "–" if answer is None else answer
 
 
 def tasks_plots(g: dict[str, Any]) -> str:
@@ -205,7 +209,7 @@ def tasks_plots(g: dict[str, Any]) -> str:
     flips = [f for s in suites for f in s.get("flipped") or []]
     if flips:
         out.append(table(FLIP_COLUMNS, ([f["suite"], f["id"], str(f.get("excerpt", "")), str(f.get("expected", "")), str(f.get("ref_answer", "–")),
-                                        str(f.get("cand_answer", "–")), right(f)] for f in flips)))
+                                        str(f.get("cand_answer", "–")), right(f["ref_right"])] for f in flips)))
     drops = [f for s in scores for f in s.get("largest_drops") or []]
     if drops:
         out.append(table(DROP_COLUMNS, ([f["suite"], f["id"], str(f.get("excerpt", "")), str(f.get("expected", "")), str(f.get("ref_answer", "–")),

@@ -11,6 +11,7 @@ from .formatting import (CHECK_COLUMNS, DROP_COLUMNS, FLIP_COLUMNS, LMEVAL_COLUM
                          stage_columns, stage_rows, versions_text)
 from .error_rates import SIZE_COLUMN, SIZE_NOTE, file_text, size_cell
 from .numbers import fmt
+from ..results import AgreementDetails, DepthDetails, QualityDetails, RetrievalDetails, parse
 
 
 def table(headers: tuple[str, ...] | list[str], rows: list[list[Any]]) -> list[str]:
@@ -30,20 +31,19 @@ def checks_table(checks: list[dict[str, Any]], rates: dict[str, Any] | None = No
 
 
 def agreement_section(g: dict[str, Any]) -> list[str]:
-    d, m = g["details"], g["measurements"]
-    lines = [f"Scored {d.get('scored_positions')} positions: {d.get('chunks')} chunks of {d.get('ctx')} tokens, "
-             f"second half of each ({d.get('dataset')})."]
-    if d.get("shortfall"):
-        lines.append(f"Note: {d['shortfall']}.")
-    kld = d.get("kld", {})
+    d, m = parse(AgreementDetails, g["details"], "report.json's gate agreement"), g["measurements"]
+    lines = [f"Scored {d.scored_positions} positions: {d.chunks} chunks of {d.ctx} tokens, "
+             f"second half of each ({d.dataset})."]
+    if d.shortfall:
+        lines.append(f"Note: {d.shortfall}.")
+    kld, dp = d.kld, d.delta_p
     lines += ["", "| figure | value |", "|---|---|",
               f"| top-1 agreement | {estimate(m.get('top1'))} |",
-              f"| KLD mean | {estimate(kld.get('mean'))} |"]
-    for k in ("median", "p90", "p99", "p99.9", "max"):
-        lines.append(f"| KLD {k} | {fmt(kld.get(k))} |")
-    dp = d.get("delta_p", {})
-    lines += [f"| Δp mean | {estimate(dp.get('mean'))} |", f"| Δp RMS | {fmt(dp.get('rms'))} |",
-              f"| Δp p1 / p99 | {fmt(dp.get('p1'))} / {fmt(dp.get('p99'))} |"]
+              f"| KLD mean | {estimate(kld.mean)} |"]
+    for k, x in (("median", kld.median), ("p90", kld.p90), ("p99", kld.p99), ("p99.9", kld.p99_9), ("max", kld.max)):
+        lines.append(f"| KLD {k} | {fmt(x)} |")
+    lines += [f"| Δp mean | {estimate(dp.mean)} |", f"| Δp RMS | {fmt(dp.rms)} |",
+              f"| Δp p1 / p99 | {fmt(dp.p1)} / {fmt(dp.p99)} |"]
     if bound := kld_bound_text(d):
         lines += ["", bound]
     return lines
@@ -59,28 +59,27 @@ def generic_section(g: dict[str, Any]) -> list[str]:
 
 
 def quality_section(g: dict[str, Any]) -> list[str]:
-    d, m = g["details"], g["measurements"]
-    ppl, bleu = d.get("ppl", {}), d.get("bleu", {})
-    lines = [f"Perplexity over {ppl.get('positions')} positions: {ppl.get('description', ppl.get('windowing'))}.", "",
+    d, m = parse(QualityDetails, g["details"], "report.json's gate quality"), g["measurements"]
+    ppl, bleu = d.ppl, d.bleu
+    lines = [f"Perplexity over {ppl.positions} positions: {ppl.description}.", "",
              "| figure | value | 95% interval |", "|---|---|---|"]
     for key, label in (("ppl_ref", "PPL reference"), ("ppl_cand", "PPL candidate"), ("ppl_ratio", "PPL ratio (paired)")):
         if key in m:
             lines.append(f"| {label} | {estimate(m[key])} | {interval(m[key])} |")
-    if not bleu:
+    if bleu is None:
         return lines
-    ref_gen = bleu.get("reference_generation", {})
-    lines += ["", f"BLEU/chrF on {bleu.get('prompts')} prompts of {bleu.get('dataset')} ({bleu.get('rendering')}, "
-              f"{bleu.get('decoding')}, at most {bleu.get('max_new_tokens')} new tokens); the reference's generations "
-              f"{'came from the shared cache' if ref_gen.get('cached') else 'were generated in this run and cached'}. "
+    lines += ["", f"BLEU/chrF on {bleu.prompts} prompts of {bleu.dataset} ({bleu.rendering}, "
+              f"{bleu.decoding}, at most {bleu.max_new_tokens} new tokens); the reference's generations "
+              f"{'came from the shared cache' if bleu.reference_generation.get('cached') else 'were generated in this run and cached'}. "
               "Drops are reference − candidate with a paired-bootstrap 95% interval.", "",
               "| lang | n | BLEU ref | BLEU cand | BLEU drop | cand vs ref BLEU | chrF ref | chrF cand | chrF drop |",
               "|---|---|---|---|---|---|---|---|---|"]
-    for key, grp in bleu.get("groups", {}).items():
-        bd, cd = grp.get("bleu_drop", {}), grp.get("chrf_drop", {})
-        lines.append(f"| {grp.get('lang', key)} | {grp.get('sentences')} | {fmt(grp.get('bleu_ref'))} | {fmt(grp.get('bleu_cand'))} | "
-                     f"{fmt(bd.get('value'))} {interval(bd)} | {fmt(grp.get('bleu_cand_vs_ref'))} | {fmt(grp.get('chrf_ref'))} | "
-                     f"{fmt(grp.get('chrf_cand'))} | {fmt(cd.get('value'))} {interval(cd)} |")
-    sigs = {s for grp in bleu.get("groups", {}).values() for s in grp.get("signatures", {}).values()}
+    for grp in bleu.groups.values():
+        bd, cd = grp.bleu_drop, grp.chrf_drop
+        lines.append(f"| {grp.lang} | {grp.sentences} | {fmt(grp.bleu_ref)} | {fmt(grp.bleu_cand)} | "
+                     f"{fmt(bd.get('value'))} {interval(bd)} | {fmt(grp.bleu_cand_vs_ref)} | {fmt(grp.chrf_ref)} | "
+                     f"{fmt(grp.chrf_cand)} | {fmt(cd.get('value'))} {interval(cd)} |")
+    sigs = {s for grp in bleu.groups.values() for s in grp.signatures.values()}
     lines += ["", "sacrebleu signatures: " + "; ".join(f"`{s}`" for s in sorted(sigs))]
     return lines
 
@@ -118,59 +117,53 @@ def longgen_section(g: dict[str, Any]) -> list[str]:
 
 
 def depth_section(g: dict[str, Any]) -> list[str]:
-    d = g["details"]
-    div = d.get("divergence", {})
-    first = div.get("first_difference")
-    lines = [f"Scored {d.get('scored_positions')} positions: {d.get('chunks')} chunks of {d.get('ctx')} tokens of "
-             f"{d.get('dataset')}, every position, both models filling their KV caches {d.get('piece')} tokens at a time.",
+    d = parse(DepthDetails, g["details"], "report.json's gate depth")
+    div, first = d.divergence, d.divergence.first_difference
+    lines = [f"Scored {d.scored_positions} positions: {d.chunks} chunks of {d.ctx} tokens of "
+             f"{d.dataset}, every position, both models filling their KV caches {d.piece} tokens at a time.",
              "", "The candidate " + ("reproduces the reference at every depth." if first is None
                                      else f"first departs from the reference (KLD > 1e-6) at depth {first}.")]
-    if d.get("shortfall"):
-        lines.append(f"Note: {d['shortfall']}.")
+    if d.shortfall:
+        lines.append(f"Note: {d.shortfall}.")
     lines += ["", "| depth | positions | top-1 | mean KLD | p99 KLD | Δp mean | NLL ref / cand |", "|---|---|---|---|---|---|---|"]
-    for b in d.get("buckets", []):
-        k = b.get("kld", {})
-        lines.append(f"| {b['label']} | {b['positions']} | {estimate(b.get('top1'))} | {estimate(k.get('mean'))} | {fmt(k.get('p99'))} | "
-                     f"{estimate(b.get('delta_p', {}).get('mean'))} | {fmt(b.get('nll_ref'))} / {fmt(b.get('nll_cand'))} |")
-    series = div.get("series", [])
-    if series:
-        lines += ["", f"Per window of {div.get('window')} positions (mean over chunks):", "", "| depth | mean KLD | top-1 |", "|---|---|---|"]
-        lines += [f"| {w['start']}–{w['end']} | {fmt(w['kld'])} | {fmt(w['top1'])} |" for w in series]
+    for b in d.buckets:
+        lines.append(f"| {b.label} | {b.positions} | {estimate(b.top1)} | {estimate(b.kld.mean)} | {fmt(b.kld.p99)} | "
+                     f"{estimate(b.delta_p.mean)} | {fmt(b.nll_ref)} / {fmt(b.nll_cand)} |")
+    if div.series:
+        lines += ["", f"Per window of {div.window} positions (mean over chunks):", "", "| depth | mean KLD | top-1 |", "|---|---|---|"]
+        lines += [f"| {w.start}–{w.end} | {fmt(w.kld)} | {fmt(w.top1)} |" for w in div.series]
     if bound := kld_bound_text(d):
         lines += ["", bound]
     return lines
 
 
 def retrieval_section(g: dict[str, Any]) -> list[str]:
-    d, m = g["details"], g["measurements"]
-    lines = [f"{d.get('trials')} trials: context lengths {d.get('lengths')} × needle depths {d.get('depths')} × "
-             f"{d.get('trials_per_cell')} trials per cell, haystacks from {d.get('haystack')} ({d.get('rendering')}). Both "
+    d, m = parse(RetrievalDetails, g["details"], "report.json's gate retrieval"), g["measurements"]
+    lines = [f"{d.trials} trials: context lengths {d.lengths} × needle depths {d.depths} × "
+             f"{d.trials_per_cell} trials per cell, haystacks from {d.haystack} ({d.rendering}). Both "
              "models score each prompt followed by the true pass code through their KV caches; a model is right when "
              "greedy decoding gives exactly the code. Drop = reference − candidate accuracy, "
-             f"{d.get('interval')}.", "",
+             f"{d.interval}.", "",
              "| context | trials | reference | candidate | drop [interval] | detects drops ≥ | flips (right→wrong) | McNemar p |",
              "|---|---|---|---|---|---|---|---|"]
-    for x in d.get("per_length", []) + [{"length": "all", **d.get("overall", {}), "n": None}]:
-        dr = x.get("drop", {})
-        lines.append(f"| {x['length']} | {dr.get('n')} | {fmt(dr.get('ref_accuracy'))} | {fmt(dr.get('cand_accuracy'))} | "
-                     f"{fmt(dr.get('drop'))} {bracket(dr.get('lo'), dr.get('hi'))} | {fmt(dr.get('detectable_drop'))} | "
-                     f"{x.get('counts', {}).get('ref_only', 0) + x.get('counts', {}).get('cand_only', 0)} "
-                     f"({x.get('counts', {}).get('ref_only')}) | {fmt(dr.get('mcnemar_p'))} |")
-    depths = d.get("depths", [])
-    at = {(c["length"], c["depth"]): c for c in d.get("cells", [])}
+    for label, x in [(x.length, x) for x in d.per_length] + [("all", d.overall)]:
+        dr, c = x.drop, x.counts
+        lines.append(f"| {label} | {dr.n} | {fmt(dr.ref_accuracy)} | {fmt(dr.cand_accuracy)} | "
+                     f"{fmt(dr.drop)} {bracket(dr.lo, dr.hi)} | {fmt(dr.detectable_drop)} | "
+                     f"{c.ref_only + c.cand_only} ({c.ref_only}) | {fmt(dr.mcnemar_p)} |")
+    at = {(c.length, c.depth): c for c in d.cells}
     lines += ["", "Right answers per cell, reference / candidate (of the cell's trials):", "",
-              "| context \\ depth | " + " | ".join(f"{x:.0%}" for x in depths) + " |", "|---" * (len(depths) + 1) + "|"]
-    for L in d.get("lengths", []):
-        lines.append(f"| {L} | " + " | ".join(f"{at[(L, x)]['ref_right']} / {at[(L, x)]['cand_right']}" if (L, x) in at else "–"
-                                               for x in depths) + " |")
+              "| context \\ depth | " + " | ".join(f"{x:.0%}" for x in d.depths) + " |", "|---" * (len(d.depths) + 1) + "|"]
+    for L in d.lengths:
+        lines.append(f"| {L} | " + " | ".join(f"{at[(L, x)].ref_right} / {at[(L, x)].cand_right}" if (L, x) in at else "–"
+                                               for x in d.depths) + " |")
     if "answer_kld" in m:
         lines += ["", f"On the pass-code tokens (teacher-forced): mean KLD {estimate(m['answer_kld'])}, top-1 {estimate(m.get('answer_top1'))}."]
-    flips = d.get("flipped", [])
-    if flips:
+    if d.flipped:
         lines += ["", "Trials the two models answer differently (greedy answers):", ""]
         lines += table(("context", "depth", "key", "reference answered", "candidate answered", "right"),
-                       [[f["length"], f"{f['depth']:.0%}", f["key"], repr(f.get("ref_answer", "–")), repr(f.get("cand_answer", "–")),
-                         right(f)] for f in flips])
+                       [[f.length, f"{f.depth:.0%}", f.key, repr(f.ref_answer if f.ref_answer is not None else "–"),
+                         repr(f.cand_answer if f.cand_answer is not None else "–"), right(f.ref_right)] for f in d.flipped])
     return lines
 
 
@@ -219,7 +212,7 @@ def tasks_section(g: dict[str, Any]) -> list[str]:
     if flips:
         lines += ["", "Items the two models mark differently:", ""]
         lines += table(FLIP_COLUMNS, [[f["suite"], f["id"], _cell_text(f.get("excerpt"), 80), _cell_text(f.get("expected")),
-                                       _cell_text(f.get("ref_answer")), _cell_text(f.get("cand_answer")), right(f)] for f in flips])
+                                       _cell_text(f.get("ref_answer")), _cell_text(f.get("cand_answer")), right(f["ref_right"])] for f in flips])
     drops = [f for s in scores for f in s.get("largest_drops", [])]
     if drops:
         lines += ["", "Documents whose score dropped most:", ""]

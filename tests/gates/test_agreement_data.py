@@ -90,7 +90,7 @@ def test_batched_metrics_equal_the_per_chunk_metrics(tmp_path):
 
     ctx = _gate_ctx(tmp_path, TableEngine(1), TableEngine(2))
     result = agreement.run(ctx)
-    assert result.status == "ok" and result.details["chunks"] == 5
+    assert result.status == "ok" and result.details.chunks == 5
     with np.load(tmp_path / "g/positions.npz") as z:
         got = {f: z[f] for f in agreement.FIELDS}
     chunks, _ = agreement.scored_chunks(ctx)

@@ -45,13 +45,13 @@ def test_summary_figures_per_bucket_by_hand():
     top1[:, 6:] = False
     a = {"kld": kld, "top1": top1, "p_ref": np.full((2, 8), 0.5), "p_cand": np.full((2, 8), 0.4),
          "nll_ref": np.ones((2, 8)), "nll_cand": np.ones((2, 8))}
-    r = summarize(cfg, a, {}, 0.0)
+    r = summarize(cfg, a, {"dataset": "toy", "chunks": 2, "ctx": 64}, 0.0)
     m = r.measurements
     assert m["mean_kld@0-4"].value == 0.0 and m["mean_kld@4-8"].value == 0.5
     assert m["top1@0-4"].value == 1.0 and m["top1@4-8"].value == 0.5
-    assert r.details["divergence"]["first_difference"] == 4
-    assert first_beyond(r.details["divergence"]["series"], 0.02, None) == 4
-    assert first_beyond(r.details["divergence"]["series"], None, 0.9) == 6
+    assert r.details.divergence.first_difference == 4
+    assert first_beyond(r.details.divergence.series, 0.02, None) == 4
+    assert first_beyond(r.details.divergence.series, None, 0.9) == 6
     # every limit applies to every bucket: the deep bucket fails, the shallow one passes
     v = decide({"depth": r}, GATES.get("depth").thresholds(cfg, r))
     outcome = {c.metric: c.outcome for c in v.checks}
@@ -75,13 +75,13 @@ def test_fake_engines_diverging_after_a_depth(tmp_path):
     ctx = GateContext(cfg, ref, cand, tok, tmp_path, tmp_path, "fp")
     chunks = [[(7 * i) % 60 for i in range(128)]]
     orig = depth_gate.scored_chunks
-    depth_gate.scored_chunks = lambda c: (chunks, {"chunks": 1, "ctx": 128})
+    depth_gate.scored_chunks = lambda c: (chunks, {"dataset": "toy", "chunks": 1, "ctx": 128})
     try:
         r = depth_gate.run(ctx)
     finally:
         depth_gate.scored_chunks = orig
     assert r.status == "ok"
-    assert r.details["divergence"]["first_difference"] == 40
+    assert r.details.divergence.first_difference == 40
     assert r.measurements["mean_kld@0-32"].value == 0.0
     assert r.measurements["top1@64-127"].value == 0.0
     assert (tmp_path / "positions.npz").is_file()
@@ -127,7 +127,7 @@ def test_candidate_diverging_past_600_is_rejected_at_depth_but_not_by_gate_1(def
     assert not deep.approved
     failed = {c.metric for c in deep.failures}
     assert failed and all(not m.endswith(("@0-256", "@256-512")) for m in failed), failed
-    assert results["depth"].details["divergence"]["first_difference"] == 601  # position 600 keeps its place; 601 is the first moved
+    assert results["depth"].details.divergence.first_difference == 601  # position 600 keeps its place; 601 is the first moved
     assert "first departs from the reference at depth 601" in deep.failures[0].description
     # the shallow buckets are exact
     assert results["depth"].measurements["mean_kld@0-256"].value == 0.0

@@ -115,9 +115,21 @@ def test_score_language_equals_sacrebleu_with_the_language_tokenizer() -> None:
     assert "tok:13a" in en.signatures["bleu"] and en.drops["bleu"].value > 0
 
 
-def _result(details: dict) -> GateResult:
+def _result(given: dict) -> GateResult:
+    """A finished gate 2 whose details hold `given`'s figures (the σ and n a sized limit reads), the rest
+    of its typed details filled with placeholders that no threshold reads."""
     from qval.metrics.estimate import Estimate
+    from qval.results import QualityDetails
 
+    est = Estimate(0.0, n=1).to_dict()
+    ppl = {"windowing": "chunks", "dataset": "d", "description": "t", "positions": 1, "mean_nll_ref": est,
+           "mean_nll_cand": est, "mean_nll_diff": est, "sigma_nll_diff": 0.0, **given.get("ppl", {})}
+    groups = {k: {"lang": k, "sentences": 1, **dict.fromkeys(("bleu_ref", "bleu_cand", "bleu_cand_vs_ref", "chrf_ref", "chrf_cand",
+                                                             "chrf_cand_vs_ref", "bleu_sentence_sigma", "chrf_sentence_sigma"), 0.0),
+                  "bleu_drop": est, "chrf_drop": est, "signatures": {}, **g} for k, g in given.get("bleu", {}).get("groups", {}).items()}
+    bleu = {"dataset": "b", "prompts": 1, "rendering": "raw", "max_new_tokens": 1, "decoding": "greedy",
+            "reference_generation": {}, "groups": groups}
+    details = QualityDetails.model_validate({"ppl": ppl, "bleu": bleu})
     return GateResult("quality", "ok", {"ppl_ratio": Estimate(1.002, n=10000), "bleu_drop_en": Estimate(4.0, n=24),
                                         "bleu_drop_zh": Estimate(12.0, n=16)}, details)
 

@@ -98,8 +98,14 @@ def _rows(ref, cand, lengths=(256, 512), depths=(0.0, 1.0)):
     return rows
 
 
+def _info(lengths=(256, 512), depths=(0.0, 1.0)) -> dict:
+    """What the gate knows of its matrix before it scores (`trials_from`'s info)."""
+    return {"haystack": "h", "haystack_tokens": 4096, "lengths": list(lengths), "depths": list(depths), "trials_per_cell": 1,
+            "trials": len(lengths) * len(depths), "rendering": "raw"}
+
+
 def _verdict(cfg, rows):
-    r = summarize(cfg, rows, {}, 0.0)
+    r = summarize(cfg, rows, _info(), 0.0)
     return r, decide({"retrieval": r}, GATES.get("retrieval").thresholds(cfg, r))
 
 
@@ -117,7 +123,7 @@ def test_identical_answers_pass_and_a_collapse_fails_on_the_upper_bound():
     r, v = _verdict(cfg, lost)
     assert not v.approved
     assert any("upper bound of drop" in c.reason for c in v.failures)
-    assert r.details["flipped"] and len(r.details["flipped"]) == 10
+    assert r.details.flipped and len(r.details.flipped) == 10
 
 
 def test_a_length_the_reference_cannot_solve_is_uninformative_never_a_pass():
@@ -140,7 +146,7 @@ def test_limits_come_from_the_config_not_from_the_candidate():
     limits, uppers = [], []
     for lost in range(0, 6):
         rows = [dict(x, cand_right=not (i < lost)) for i, x in enumerate(base)]
-        r = summarize(cfg, rows, {}, 0.0)
+        r = summarize(cfg, rows, _info(), 0.0)
         limits.append([t.limit for t in GATES.get("retrieval").thresholds(cfg, r)])
         uppers.append(r.measurements["drop"].hi)
     assert all(x == limits[0] for x in limits)
@@ -172,10 +178,10 @@ def test_retrieval_on_the_real_model_identity_is_exact_and_damage_loses(default_
         out[name] = (r, decide({"retrieval": r}, GATES.get("retrieval").thresholds(cfg, r)))
     r, v = out["identity"]
     assert r.measurements["ref_accuracy"].value >= 0.5  # the built-in model can do this task at these lengths
-    assert r.measurements["drop"].value == 0.0 and r.measurements["answer_kld"].value == 0.0 and not r.details["flipped"]
+    assert r.measurements["drop"].value == 0.0 and r.measurements["answer_kld"].value == 0.0 and not r.details.flipped
     assert v.approved
     r, v = out["damaged"]
     assert r.measurements["cand_accuracy"].value < r.measurements["ref_accuracy"].value
     assert not v.approved
-    flipped = r.details["flipped"]
-    assert flipped and all("cand_answer" in f and "ref_answer" in f for f in flipped)
+    flipped = r.details.flipped
+    assert flipped and all(f.cand_answer is not None and f.ref_answer is not None for f in flipped)

@@ -1,0 +1,31 @@
+"""Each gate's result details as a type (pydantic, torch-free): the gate's judge builds it, report.json
+is its `to_dict()`, and report.md / report.html read its fields, so a renamed or missing key is an
+error where it happens rather than a "None" in a report. A stored result is read back through its
+gate's type (`typed`); a gate without a type yet keeps a plain dict (issue 27 moves them one by one).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .agreement import AgreementDetails
+from .base import Block, Details, parse
+from .depth import DepthDetails
+from .quality import QualityDetails
+from .retrieval import RetrievalDetails
+
+#: the gates whose details are typed, by gate name
+TYPES: dict[str, type[Details]] = {"agreement": AgreementDetails, "depth": DepthDetails, "quality": QualityDetails,
+                                    "retrieval": RetrievalDetails}
+
+
+def typed(gate: str, status: str, details: Any) -> Any:
+    """A result's details as its gate's type when the gate has one and finished ("ok": an error or
+    non-finite result carries only what the gate knew before it stopped); else as given."""
+    cls = TYPES.get(gate)
+    if cls is None or status != "ok":
+        return details
+    return parse(cls, details, f"gate {gate}'s result")
+
+
+__all__ = ["AgreementDetails", "Block", "DepthDetails", "Details", "QualityDetails", "RetrievalDetails", "TYPES", "parse", "typed"]
