@@ -16,6 +16,7 @@ from ..gate_metrics import LONGGEN, Metric
 from ..metrics import detect_loop, distinct_n, mean_estimate, seq_rep_n, sized_threshold, windows
 from ..metrics.agreement import BOUND_FIELDS, kld_bound_details
 from ..metrics.estimate import Estimate
+from ..results import LonggenDetails, parse
 from ..verdict import GateResult, Threshold
 
 
@@ -127,7 +128,8 @@ def summarize(cfg: GateConfig, records: list[dict[str, Any]], seqs: list[dict[st
 
     series = window_series([s["tf"] for s in seqs], [s["judge_cand"] for s in seqs], ref_health, cand_health, g.window,
                            max(len(s["ref"]) for s in seqs))
-    details = {**info, **kld_bound_details({k: np.concatenate([s["tf"][k] for s in seqs]) for k in BOUND_FIELDS + ("kld",)
+    details = LonggenDetails.model_validate({
+               **info, **kld_bound_details({k: np.concatenate([s["tf"][k] for s in seqs]) for k in BOUND_FIELDS + ("kld",)
                                             if all(k in s["tf"] for s in seqs)}),
                "loop_span": span, "loop_max_period": LOOP_MAX_PERIOD, "windows": series, "per_prompt": per_prompt,
                "ref_loops": ref_loops, "cand_loops": cand_loops, "ref_eos_stops": ref_stops, "cand_eos_stops": cand_stops,
@@ -135,7 +137,7 @@ def summarize(cfg: GateConfig, records: list[dict[str, Any]], seqs: list[dict[st
                "sizing": {"prompts": n,
                           "ref_late_seq_rep4_sigma": _sd([h["late_seq_rep4"] for h in ref_health]),
                           "ref_late_nll_sigma": _sd(ref_late_nll), "ref_loop_rate": ref_loops / n if n else float("nan"),
-                          "ref_eos_rate": ref_stops / n if n else float("nan")}}
+                          "ref_eos_rate": ref_stops / n if n else float("nan")}})
     return GateResult("longgen", "ok", measurements, details, seconds=seconds)
 
 
@@ -212,6 +214,10 @@ def _sized(m: Metric, limit: Sized, z: dict[str, Any]) -> Threshold:
                      detectable=ref + effect)
 
 
+def _details(result: GateResult) -> LonggenDetails:
+    return parse(LonggenDetails, result.details, "gate longgen's result")
+
+
 def thresholds(cfg: GateConfig, result: GateResult | None) -> list[Threshold]:
     g = cfg.gates.longgen
     usable = result is not None and result.status == "ok"
@@ -222,13 +228,13 @@ def thresholds(cfg: GateConfig, result: GateResult | None) -> list[Threshold]:
             continue
         if isinstance(limit, Sized):
             if usable:
-                out.append(_sized(m, limit, result.details["sizing"]))  # type: ignore[union-attr]
+                out.append(_sized(m, limit, _details(result).sizing.to_dict()))  # type: ignore[arg-type]
             else:
                 out.append(Threshold("longgen", m.key, m.op, float("nan"), m.label, "sized"))
         else:
-            rule = (result.details.get("loop_rule") or {}) if usable else {}  # type: ignore[union-attr]
+            rule = _details(result).loop_rule if usable else None  # type: ignore[arg-type]
             teacher_forced = m.on != "value"  # late top-1, late KLD, drift: figures on the reference's continuation
-            ok = not teacher_forced or rule.get("informative", True)
+            ok = not teacher_forced or rule is None or rule.informative
             out.append(Threshold("longgen", m.key, m.op, float(limit), m.label, on=m.on, informative=ok,
-                                 why_uninformative=None if ok else rule.get("why")))
+                                 why_uninformative=None if ok or rule is None else rule.why))
     return out

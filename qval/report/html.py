@@ -14,6 +14,8 @@ import re
 from html import escape
 from typing import Any
 
+from pydantic import TypeAdapter
+
 from . import charts
 from . import formatting
 from .diagnostics_html import diagnostics_section, fallback_section
@@ -24,6 +26,7 @@ from .error_rates import SIZE_COLUMN, SIZE_NOTE, file_text, size_cell
 from .html_parts import badge, figure, num, table
 from .numbers import fmt
 from ..results import AgreementDetails, DepthDetails, RetrievalDetails, parse
+from ..results.longgen import LonggenWindow
 
 CSS = """
 body{font-family:Helvetica,Arial,sans-serif;margin:24px auto;max-width:1100px;color:#222;line-height:1.4}
@@ -91,33 +94,24 @@ def agreement_plots(g: dict[str, Any]) -> str:
     return figure(svg, "KLD histogram", f"{sum(h.counts)} positions with KLD > 0; {h.zeros} at exactly 0 are not shown.")
 
 
-def _window_columns(windows: Any) -> dict[str, list[float | None]]:
-    if isinstance(windows, dict):
-        return {k: [num(x) for x in v] for k, v in windows.items() if isinstance(v, list)}
-    if isinstance(windows, list) and windows and all(isinstance(w, dict) for w in windows):
-        keys = [k for k in windows[0] if k not in ("start", "end")]
-        return {k: [num(w.get(k)) for w in windows] for k in keys}
-    return {}
-
-
 def _family(key: str) -> str:
     return re.sub(r"^(ref_|cand_)?(judge_)?", "", key)
 
 
+_WINDOWS = TypeAdapter(list[LonggenWindow])
+
+
 def longgen_plots(g: dict[str, Any]) -> str:
-    """Gate 3's per-window series: one chart per figure, the reference and candidate overlaid."""
-    windows = (g.get("details") or {}).get("windows")
-    cols = _window_columns(windows)
-    if not cols:
+    """Gate 3's per-window series: one chart per figure, the reference and candidate overlaid. It reads
+    the windows alone (report.md reads the rest of the gate's type), each window through its type."""
+    raw = (g.get("details") or {}).get("windows")
+    if not raw:
         return '<p class="note">No per-window series in this gate\'s details.</p>'
-    if isinstance(windows, list):
-        xs = [(num(w.get("start")) or 0.0) if "start" in w else float(i) for i, w in enumerate(windows)]
-        xlabel = "window start (generated token)"
-    else:
-        xs, xlabel = [float(i) for i in range(max(len(v) for v in cols.values()))], "window"
+    windows = parse(_WINDOWS, raw, "report.json's gate longgen (its windows)")
+    xs, xlabel = [float(w.start) for w in windows], "window start (generated token)"
     families: dict[str, dict[str, list[tuple[float, float]]]] = {}
-    for key, values in cols.items():
-        pts = [(x, y) for x, y in zip(xs, values) if y is not None]
+    for key in (k for k in LonggenWindow.model_fields if k not in ("start", "end")):
+        pts = [(x, float(y)) for x, y in zip(xs, (getattr(w, key) for w in windows)) if y is not None]
         families.setdefault(_family(key), {})[key] = pts
     return "".join(figure(charts.line_chart(series, f"Per-window {fam}", xlabel, fam), f"per-window {fam}")
                    for fam, series in families.items())

@@ -11,7 +11,7 @@ from .formatting import (CHECK_COLUMNS, DROP_COLUMNS, FLIP_COLUMNS, LMEVAL_COLUM
                          stage_columns, stage_rows, versions_text)
 from .error_rates import SIZE_COLUMN, SIZE_NOTE, file_text, size_cell
 from .numbers import fmt
-from ..results import AgreementDetails, DepthDetails, QualityDetails, RetrievalDetails, parse
+from ..results import TYPES, AgreementDetails, DepthDetails, LonggenDetails, QualityDetails, RetrievalDetails, parse
 
 
 def table(headers: tuple[str, ...] | list[str], rows: list[list[Any]]) -> list[str]:
@@ -85,13 +85,12 @@ def quality_section(g: dict[str, Any]) -> list[str]:
 
 
 def longgen_section(g: dict[str, Any]) -> list[str]:
-    d, m = g["details"], g["measurements"]
-    ref_gen = d.get("reference_generation", {})
-    lines = [f"{d.get('prompts')} prompts ({d.get('rendering')}), {d.get('new_tokens')} new tokens each, greedy, EOS "
-             f"{'suppressed' if d.get('suppress_eos') else 'allowed'}; windows of {d.get('window')}, early = first "
-             f"{d.get('edge')}, late = last {d.get('edge')} positions. The candidate scored the reference's continuation "
-             f"through its KV cache ({d.get('piece')} tokens per piece). Reference generations "
-             f"{'from the shared cache' if ref_gen.get('cached') else 'generated in this run and cached'}.", "",
+    d, m = parse(LonggenDetails, g["details"], "report.json's gate longgen"), g["measurements"]
+    lines = [f"{d.prompts} prompts ({d.rendering}), {d.new_tokens} new tokens each, greedy, EOS "
+             f"{'suppressed' if d.suppress_eos else 'allowed'}; windows of {d.window}, early = first "
+             f"{d.edge}, late = last {d.edge} positions. The candidate scored the reference's continuation "
+             f"through its KV cache ({d.piece} tokens per piece). Reference generations "
+             f"{'from the shared cache' if d.reference_generation.get('cached') else 'generated in this run and cached'}.", "",
              "| figure | value | 95% interval |", "|---|---|---|"]
     for key, label in (("early_top1", "top-1, early"), ("late_top1", "top-1, late"), ("top1_drift", "top-1 drift (early − late)"),
                        ("early_kld", "mean KLD, early"), ("late_kld", "mean KLD, late"), ("late_drift", "KLD drift (late − early)"),
@@ -100,19 +99,19 @@ def longgen_section(g: dict[str, Any]) -> list[str]:
                        ("tf_late_seq_rep4", "late seq-rep-4 of the teacher-forced text (the reference's own)")):
         if key in m:
             lines.append(f"| {label} | {estimate(m[key])} | {interval(m[key])} |")
-    lines += ["", f"Loops (period ≤ {d.get('loop_max_period')} through the last {d.get('loop_span')} tokens): reference "
-              f"{d.get('ref_loops')}, candidate {d.get('cand_loops')} of {d.get('prompts')} prompts.", "",
+    lines += ["", f"Loops (period ≤ {d.loop_max_period} through the last {d.loop_span} tokens): reference "
+              f"{d.ref_loops}, candidate {d.cand_loops} of {d.prompts} prompts.", "",
               "| window | top-1 | KLD | seq-rep-4 ref / cand | distinct-2 ref / cand | NLL ref / judge cand | loops ref / cand |",
               "|---|---|---|---|---|---|---|"]
-    for w in d.get("windows", []):
-        lines.append(f"| {w['start']}–{w['end']} | {fmt(w['top1'])} | {fmt(w['kld'])} | {fmt(w['ref_seq_rep4'])} / {fmt(w['cand_seq_rep4'])} | "
-                     f"{fmt(w['ref_distinct2'])} / {fmt(w['cand_distinct2'])} | {fmt(w['ref_nll'])} / {fmt(w['cand_judge_nll'])} | "
-                     f"{w['ref_loops']} / {w['cand_loops']} |")
+    for w in d.windows:
+        lines.append(f"| {w.start}–{w.end} | {fmt(w.top1)} | {fmt(w.kld)} | {fmt(w.ref_seq_rep4)} / {fmt(w.cand_seq_rep4)} | "
+                     f"{fmt(w.ref_distinct2)} / {fmt(w.cand_distinct2)} | {fmt(w.ref_nll)} / {fmt(w.cand_judge_nll)} | "
+                     f"{w.ref_loops} / {w.cand_loops} |")
     lines += ["", "| prompt | lang | kind | first divergence | late KLD | late seq-rep-4 ref / cand | loop period ref / cand |",
               "|---|---|---|---|---|---|---|"]
-    for p in d.get("per_prompt", []):
-        lines.append(f"| {p['id']} | {p.get('lang') or '–'} | {p.get('kind') or '–'} | {fmt(p['first_divergence'])} | {fmt(p['late_kld'])} | "
-                     f"{fmt(p['ref_late_seq_rep4'])} / {fmt(p['cand_late_seq_rep4'])} | {fmt(p['ref_loop_period'])} / {fmt(p['cand_loop_period'])} |")
+    for p in d.per_prompt:
+        lines.append(f"| {p.id} | {p.lang or '–'} | {p.kind or '–'} | {fmt(p.first_divergence)} | {fmt(p.late_kld)} | "
+                     f"{fmt(p.ref_late_seq_rep4)} / {fmt(p.cand_late_seq_rep4)} | {fmt(p.ref_loop_period)} / {fmt(p.cand_loop_period)} |")
     return lines
 
 
@@ -255,7 +254,9 @@ def render_markdown(r: dict[str, Any]) -> str:
     if blind:
         out += ["Uninformative (not a pass: this data cannot show a loss):", ""] + [f"- {c['gate']}/{c['metric']}: {c['reason']}" for c in blind] + [""]
     for name, g in r["gates"].items():
-        render = SECTIONS.get(name, generic_section)
+        # a typed gate's section reads its finished details; an unfinished result (error, non-finite) has only
+        # what the gate knew before it stopped: its measurements as they are
+        render = SECTIONS.get(name, generic_section) if name not in TYPES or g["status"] == "ok" else generic_section
         out += [f"## {TITLES.get(name, name)}", ""]
         if g["status"] != "ok":
             out += [f"**{g['status']}**: {g['error']}", ""]

@@ -11,12 +11,13 @@ from typing import Any
 from .agreement import AgreementDetails
 from .base import Block, Details, parse
 from .depth import DepthDetails
+from .longgen import LonggenDetails
 from .quality import QualityDetails
 from .retrieval import RetrievalDetails
 
 #: the gates whose details are typed, by gate name
 TYPES: dict[str, type[Details]] = {"agreement": AgreementDetails, "depth": DepthDetails, "quality": QualityDetails,
-                                    "retrieval": RetrievalDetails}
+                                    "longgen": LonggenDetails, "retrieval": RetrievalDetails}
 
 
 def typed(gate: str, status: str, details: Any) -> Any:
@@ -28,4 +29,4 @@ def typed(gate: str, status: str, details: Any) -> Any:
     return parse(cls, details, f"gate {gate}'s result")
 
 
-__all__ = ["AgreementDetails", "Block", "DepthDetails", "Details", "QualityDetails", "RetrievalDetails", "TYPES", "parse", "typed"]
+__all__ = ["AgreementDetails", "Block", "DepthDetails", "Details", "LonggenDetails", "QualityDetails", "RetrievalDetails", "TYPES", "parse", "typed"]

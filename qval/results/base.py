@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any, TypeVar, Union
 
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import BaseModel, ConfigDict, TypeAdapter, ValidationError
 
 from ..errors import DataError
 
@@ -40,12 +40,13 @@ class Details(Block):
     snapshot: dict[str, Any] | None = None
 
 
-def parse(cls: type[T], data: Any, where: str) -> T:
-    """`data` (a stored result's details) as `cls`, or a DataError naming the first mismatch."""
-    if isinstance(data, cls):
+def parse(cls: type[T] | TypeAdapter[Any], data: Any, where: str) -> Any:
+    """`data` (a stored result's details, or a part of them read through a TypeAdapter) as `cls`, or a
+    DataError naming the first mismatch."""
+    if isinstance(cls, type) and isinstance(data, cls):
         return data
     try:
-        return cls.model_validate(data)
+        return cls.model_validate(data) if isinstance(cls, type) else cls.validate_python(data)
     except ValidationError as e:
         first = e.errors()[0]
         at = ".".join(str(x) for x in first.get("loc", ())) or "(top)"

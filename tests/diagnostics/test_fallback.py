@@ -3,6 +3,7 @@ when it stops, what it writes. (The real-model run is in test_diagnose_e2e.py.)"
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -33,13 +34,19 @@ def ranking(deltas: dict[str, float], kind: str = "layer") -> list[dict]:
             for n, d in sorted(deltas.items(), key=lambda t: -t[1])]
 
 
+#: a finished gate 1's details as report.json holds them (its type, qval.results, is checked when a step's report renders)
+AGREEMENT_DETAILS = json.loads((Path(__file__).parents[1] / "report" / "fixtures" / "toy_gates.json").read_text(
+    encoding="utf-8"))["gates"]["agreement"]["details"]
+
+
 def report(cfg, kld: float, approved: bool, verdict, deltas: dict[str, float] | None, parts: dict[str, float]) -> dict:
     sens = {"layers": ranking(deltas), "parts": ranking(parts, "part")} if deltas is not None else None
     return {
         "name": cfg.name, "verdict": verdict.to_dict(), "seconds": 1.0, "created": "now", "stages": {},
         "environment": {"versions": {}, "device": "cpu"}, "model": {"name": "toy"},
         "candidate": {"format": "int8_sq", "kv_cache": "fp16", "exclude": cfg.quant.exclude, "engine": {"backend": "fakequant"}},
-        "gates": {"agreement": {"status": "ok", "error": None, "measurements": {"mean_kld": {"value": kld}}, "details": {}}},
+        "gates": {"agreement": {"status": "ok", "error": None, "measurements": {"mean_kld": {"value": kld}},
+                                "details": AGREEMENT_DETAILS}},
         "diagnostics": {"layers": [], "rules": [], "flagged": [], "sensitivity": sens,
                         "weights": {"bits_quantized": 8, "bits_high": 16, "modules": MODULES, "high_precision_params": 0}},
     }

@@ -66,9 +66,9 @@ def test_rows_scored_together_give_the_figures_of_one_row_at_a_time(tmp_path: Pa
     ref, cand = GpuFake(walk), GpuFake(collapse_after(P + 20))
     many = run(ctx(tmp_path / "gpu", ref, cand))
     assert one.status == many.status == "ok"
-    assert one.details["teacher_forced_rows"] == 1 and many.details["teacher_forced_rows"] == gpu_rows
+    assert one.details.teacher_forced_rows == 1 and many.details.teacher_forced_rows == gpu_rows
     assert {k: v.value for k, v in one.measurements.items()} == {k: v.value for k, v in many.measurements.items()}
-    assert one.details["windows"] == many.details["windows"] and one.details["per_prompt"] == many.details["per_prompt"]
+    assert one.details.windows == many.details.windows and one.details.per_prompt == many.details.per_prompt
     # teacher-forced passes of both models, then the reference's judge of the differing continuations
     assert max(cand.pieces_rows) == gpu_rows and len(cand.pieces_rows) == -(-3 // gpu_rows)
     assert len(ref.pieces_rows) == 2 * len(cand.pieces_rows)
@@ -81,11 +81,11 @@ def test_identical_candidate_has_exactly_zero_drift(tmp_path: Path) -> None:
     assert m == {"late_top1": 1.0, "early_top1": 1.0, "late_kld": 0.0, "early_kld": 0.0, "late_drift": 0.0, "top1_drift": 0.0,
                  "seq_rep4_excess": 0.0, "judge_nll_excess": 0.0, "loops_excess": 0.0, "tf_late_seq_rep4": 0.0}
     d = r.details
-    assert [(w["start"], w["end"]) for w in d["windows"]] == [(0, 16), (16, 32), (32, 48), (48, 64)]
-    assert all(p["first_divergence"] is None for p in d["per_prompt"])
-    assert d["ref_loops"] == d["cand_loops"] == 0  # the walk has period 120: no loop of period <= 64
+    assert [(w.start, w.end) for w in d.windows] == [(0, 16), (16, 32), (32, 48), (48, 64)]
+    assert all(p.first_divergence is None for p in d.per_prompt)
+    assert d.ref_loops == d.cand_loops == 0  # the walk has period 120: no loop of period <= 64
     # intervals count prompts (positions of one continuation are not independent)
-    assert r.measurements["late_kld"].n == 3 and d["late_positions"] == 3 * 16
+    assert r.measurements["late_kld"].n == 3 and d.late_positions == 3 * 16
 
 
 def test_collapse_the_reference_does_not_show(tmp_path: Path) -> None:
@@ -108,11 +108,11 @@ def test_collapse_the_reference_does_not_show(tmp_path: Path) -> None:
     want = np.mean([seq_rep_n(late_loop, 4) - seq_rep_n(t, 4) for t in ref_late])
     assert seq_rep_n(late_loop, 4) == pytest.approx(1 - 2 / 13)  # 13 four-grams, 2 distinct
     assert m["seq_rep4_excess"].value == pytest.approx(want)
-    w = r.details["windows"]
-    assert [x["top1"] for x in w] == [1.0, 0.5, 0.0, 0.0]  # window [16, 32) holds the switch at 24
-    assert w[1]["kld"] == pytest.approx(KLD_MISMATCH / 2, rel=1e-5)
-    assert [x["cand_loops"] for x in w] == [0, 0, 0, 3] and all(x["ref_loops"] == 0 for x in w)
-    assert all(p["first_divergence"] == 24 and p["cand_loop_period"] == 2 for p in r.details["per_prompt"])
+    w = r.details.windows
+    assert [x.top1 for x in w] == [1.0, 0.5, 0.0, 0.0]  # window [16, 32) holds the switch at 24
+    assert w[1].kld == pytest.approx(KLD_MISMATCH / 2, rel=1e-5)
+    assert [x.cand_loops for x in w] == [0, 0, 0, 3] and all(x.ref_loops == 0 for x in w)
+    assert all(p.first_divergence == 24 and p.cand_loop_period == 2 for p in r.details.per_prompt)
     cfg = make_ctx(tmp_path, FakeEngine(walk), max_late_drift=0.5, max_seq_rep4_excess=0.2, min_late_top1=0.9).config
     v = decide({"longgen": r}, thresholds(cfg, r))
     assert not v.approved
@@ -131,15 +131,15 @@ def test_premature_eos_counts_only_without_suppression(tmp_path: Path) -> None:
     r = run(make_ctx(tmp_path, FakeEngine(stops_at(P - 1 + 20)), suppress_eos=False))
     assert r.status == "ok", r.error
     assert r.measurements["premature_eos_excess"].value == 3
-    assert all(p["cand_eos_step"] == 20 and p["cand_tokens"] == 21 and p["ref_tokens"] == 64 for p in r.details["per_prompt"])
+    assert all(p.cand_eos_step == 20 and p.cand_tokens == 21 and p.ref_tokens == 64 for p in r.details.per_prompt)
     # the teacher-forced figures still cover the reference's whole continuation
-    assert r.details["late_positions"] == 3 * 16
+    assert r.details.late_positions == 3 * 16
     names = [t.metric for t in thresholds(make_ctx(tmp_path, FakeEngine(walk), suppress_eos=False).config, r)]
     assert "premature_eos_excess" in names
     # with EOS suppressed the same candidate runs to full length and the figure is not measured
     r2 = run(make_ctx(tmp_path / "s", FakeEngine(stops_at(P - 1 + 20))))
     assert "premature_eos_excess" not in r2.measurements
-    assert all(p["cand_tokens"] == 64 for p in r2.details["per_prompt"])
+    assert all(p.cand_tokens == 64 for p in r2.details.per_prompt)
 
 
 def test_nonfinite_candidate_fails_with_the_step_named(tmp_path: Path) -> None:
@@ -212,7 +212,15 @@ def _result_with_noise(noise: float) -> Any:
          "late_drift": mean_estimate(spread), "seq_rep4_excess": mean_estimate(spread), "judge_nll_excess": mean_estimate(spread),
          "loops_excess": Estimate(0.0, n=8)}
     sizing = {"prompts": 8, "ref_late_seq_rep4_sigma": 0.05, "ref_late_nll_sigma": 0.1, "ref_loop_rate": 0.25, "ref_eos_rate": 0.0}
-    return GateResult("longgen", "ok", m, {"sizing": sizing})
+    from qval.results import LonggenDetails
+
+    # the rest of gate 3's typed details, which no threshold here reads: no prompt listed, no window
+    details = LonggenDetails.model_validate({
+        "prompts_file": "p.jsonl", "prompts": 8, "rendering": "raw", "new_tokens": 64, "suppress_eos": True, "window": 16,
+        "edge": 16, "piece": 16, "reference_generation": {}, "candidate_generation_seconds": 0.0, "generated_side_by_side": False,
+        "loop_span": 32, "loop_max_period": 64, "windows": [], "per_prompt": [], "ref_loops": 2, "cand_loops": 2,
+        "ref_eos_stops": 0, "cand_eos_stops": 0, "late_positions": 128, "sizing": sizing})
+    return GateResult("longgen", "ok", m, details)
 
 
 def test_a_noisier_candidate_never_gets_a_looser_limit() -> None:
@@ -263,7 +271,7 @@ def test_late_checks_are_judged_on_the_prompts_whose_reference_does_not_loop(tmp
     ref, cand = FakeEngine(loops_after((44,))), FakeEngine(loops_after((44,), collapse_after(start)))
     r = run(make_ctx(tmp_path, cand, ref))
     assert r.status == "ok", r.error
-    assert r.details["loop_rule"] == {"looping_prompts": 1, "natural_prompts": [1, 2], "informative": True, "why": None}
+    assert r.details.loop_rule.to_dict() == {"looping_prompts": 1, "natural_prompts": [1, 2], "informative": True, "why": None}
     assert r.measurements["late_top1"].value == 0.0 and r.measurements["late_top1"].n == 2  # not 1/3 with the loop's
     cfg = make_ctx(tmp_path, FakeEngine(walk), min_late_top1=0.9, max_late_drift=0.5).config
     v = decide({"longgen": r}, thresholds(cfg, r))
@@ -277,7 +285,7 @@ def test_late_checks_on_a_mostly_looping_reference_are_uninformative(tmp_path: P
     start = P - 1 + 24
     ref, cand = FakeEngine(loops_after((44, 52))), FakeEngine(loops_after((44, 52), collapse_after(start)))
     r = run(make_ctx(tmp_path, cand, ref))
-    assert r.details["loop_rule"]["informative"] is False and r.details["loop_rule"]["looping_prompts"] == 2
+    assert r.details.loop_rule.informative is False and r.details.loop_rule.looping_prompts == 2
     assert r.measurements["late_top1"].value == pytest.approx(2 / 3)  # every prompt, for the record
     cfg = make_ctx(tmp_path, FakeEngine(walk), min_late_top1=0.9, max_late_drift=0.5, max_seq_rep4_excess=0.2,
                    max_judge_nll_excess=1.0).config

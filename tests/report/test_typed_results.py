@@ -17,7 +17,7 @@ from qval.io import to_jsonable
 from qval.judges.agreement import summarize
 from qval.report.html import render_html
 from qval.report.markdown import render_markdown
-from qval.results import AgreementDetails
+from qval.results import TYPES, AgreementDetails
 from qval.verdict import GateResult
 
 FIXTURES = Path(__file__).parent / "fixtures"
@@ -66,13 +66,18 @@ RENAMED = [("toy_gates", "agreement", ("kld",), ("p99", "p99_")),
            ("toy_gates", "agreement", (), ("scored_positions", "positions_scored")),
            ("toy_gates", "depth", ("divergence",), ("first_difference", "first")),
            ("real_nvfp4", "quality", ("bleu", "groups", "en"), ("chrf_ref", "chrf_reference")),
-           ("real_nvfp4", "quality", ("ppl",), ("positions", "n"))]
+           ("real_nvfp4", "quality", ("ppl",), ("positions", "n")),
+           ("real_nvfp4", "longgen", ("sizing",), ("ref_loop_rate", "loop_rate")),
+           ("real_nvfp4", "longgen", ("windows", 0), ("cand_judge_nll", "cand_nll")),
+           ("toy_gates", "retrieval", ("overall", "drop"), ("mcnemar_p", "p")),
+           ("toy_gates", "retrieval", ("cells", 0), ("ref_right", "reference_right"))]
 
 
-# report.html shows gate 2's measurements only: its details are read by report.md
+# report.html shows gate 2's measurements only and of gate 3 its windows: the rest of their details is read by report.md
 @pytest.mark.parametrize("fixture,gate,path,renamed,render", [(*case, render) for case in RENAMED
                                                               for render in (render_markdown, render_html)
-                                                              if not (render is render_html and case[1] == "quality")])
+                                                              if not (render is render_html and case[1] == "quality")
+                                                              and not (render is render_html and case[2] == ("sizing",))])
 def test_a_renamed_key_in_a_stored_report_is_an_error_naming_it(fixture, gate, path, renamed, render):
     report = json.loads((FIXTURES / f"{fixture}.json").read_text(encoding="utf-8"))
     render(copy.deepcopy(report))  # the fixture as stored renders
@@ -95,10 +100,20 @@ def test_a_stored_result_of_another_shape_is_a_data_error_with_what_to_do():
     assert err.details == {"chunks": 2}
 
 
-@pytest.mark.parametrize("fixture,gate", [("toy_gates", "agreement"), ("toy_gates", "depth"), ("real_nvfp4", "agreement"),
-                                          ("real_nvfp4", "quality")])
+@pytest.mark.parametrize("fixture,gate", [("toy_gates", "agreement"), ("toy_gates", "depth"), ("toy_gates", "retrieval"),
+                                          ("real_nvfp4", "agreement"), ("real_nvfp4", "quality"), ("real_nvfp4", "longgen")])
 def test_every_stored_fixture_reads_back_through_its_type_unchanged(fixture, gate):
     stored = json.loads((FIXTURES / f"{fixture}.json").read_text(encoding="utf-8"))["gates"][gate]
     back = GateResult.from_dict(stored)
-    assert type(back.details).__name__ == {"agreement": "AgreementDetails", "depth": "DepthDetails", "quality": "QualityDetails"}[gate]
+    assert type(back.details).__name__ == TYPES[gate].__name__
     assert to_jsonable(back.to_dict()["details"]) == stored["details"]  # as report.json writes it ("nan" for NaN)
+
+
+def test_an_unfinished_result_shows_its_measurements_not_a_section_of_nones():
+    """A non-finite gate 3 with a measurement and no details: the measurement in a plain table, not the
+    gate's section with "None prompts (None)" where its details would be (the golden before the types)."""
+    report = json.loads((FIXTURES / "toy_gates.json").read_text(encoding="utf-8"))
+    assert report["gates"]["longgen"]["status"] == "nonfinite" and report["gates"]["longgen"]["measurements"]
+    page = render_markdown(report)
+    section = page.split("## Gate 3")[1].split("\n## ")[0]
+    assert "| late_kld | nan | – |" in section and "None" not in section
