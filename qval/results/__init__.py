@@ -1,7 +1,7 @@
 """Each gate's result details as a type (pydantic, torch-free): the gate's judge builds it, report.json
 is its `to_dict()`, and report.md / report.html read its fields, so a renamed or missing key is an
 error where it happens rather than a "None" in a report. A stored result is read back through its
-gate's type (`typed`); a gate without a type yet keeps a plain dict (issue 27 moves them one by one).
+gate's type (`typed`); gate 4 (tasks) and the export check have no type yet and keep a plain dict.
 """
 
 from __future__ import annotations
