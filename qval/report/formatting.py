@@ -89,6 +89,11 @@ def failed_text(v: dict[str, Any]) -> str:
     return f"{v['failed_checks']} of {len(v['checks'])} checks failed"
 
 
+def answer_text(answer: str | None) -> str:
+    """A model's greedy answer for a table, "–" where the report has none."""
+    return "–" if answer is None else answer
+
+
 def right(ref_right: bool) -> str:
     """Which model answered a flipped item (or trial) right: the reference where it did."""
     return "reference" if ref_right else "candidate"

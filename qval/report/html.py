@@ -19,7 +19,7 @@ from pydantic import TypeAdapter
 from . import charts
 from . import formatting
 from .diagnostics_html import diagnostics_section, fallback_section
-from .formatting import (CHECK_COLUMNS, DROP_COLUMNS, FLIP_COLUMNS, LMEVAL_COLUMNS, LMEVAL_NOTE, calibration_text, candidate_text,
+from .formatting import (CHECK_COLUMNS, DROP_COLUMNS, FLIP_COLUMNS, LMEVAL_COLUMNS, LMEVAL_NOTE, answer_text, calibration_text, candidate_text,
                          check_rows, failed_text, interval, lmeval_rows, reference_text, right, runtime_text, snapshot_text, split_suites,
                          stage_columns, stage_rows, versions_text)
 from .error_rates import SIZE_COLUMN, SIZE_NOTE, file_text, size_cell
@@ -155,13 +155,9 @@ def retrieval_plots(g: dict[str, Any]) -> str:
                                  diverging=True), "accuracy difference", "red: the candidate loses trials the reference solves")]
     if d.flipped:
         out.append(table(["length", "depth", "key", "reference answer", "candidate answer", "right"],
-                         ([f.length, f"{f.depth:.0%}", f.key, _or_dash(f.ref_answer), _or_dash(f.cand_answer), right(f.ref_right)]
+                         ([f.length, f"{f.depth:.0%}", f.key, answer_text(f.ref_answer), answer_text(f.cand_answer), right(f.ref_right)]
                           for f in d.flipped)))
     return "".join(out)
-
-
-def _or_dash(answer: str | None) -> str:
-    return "–" if answer is None else answer
 
 
 def tasks_plots(g: dict[str, Any]) -> str:

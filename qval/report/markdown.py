@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from .diagnostics_md import diagnostics_markdown
-from .formatting import (CHECK_COLUMNS, DROP_COLUMNS, FLIP_COLUMNS, LMEVAL_COLUMNS, LMEVAL_NOTE, TITLES, bracket,
+from .formatting import (CHECK_COLUMNS, DROP_COLUMNS, FLIP_COLUMNS, LMEVAL_COLUMNS, LMEVAL_NOTE, TITLES, answer_text, bracket,
                          calibration_text, candidate_text, check_rows, estimate, failed_text, interval, kld_bound_text,
                          lmeval_rows, numerics_line, reference_text, right, runtime_text, snapshot_text, split_suites,
                          stage_columns, stage_rows, versions_text)
@@ -161,8 +161,8 @@ def retrieval_section(g: dict[str, Any]) -> list[str]:
     if d.flipped:
         lines += ["", "Trials the two models answer differently (greedy answers):", ""]
         lines += table(("context", "depth", "key", "reference answered", "candidate answered", "right"),
-                       [[f.length, f"{f.depth:.0%}", f.key, repr(f.ref_answer if f.ref_answer is not None else "–"),
-                         repr(f.cand_answer if f.cand_answer is not None else "–"), right(f.ref_right)] for f in d.flipped])
+                       [[f.length, f"{f.depth:.0%}", f.key, repr(answer_text(f.ref_answer)),
+                         repr(answer_text(f.cand_answer)), right(f.ref_right)] for f in d.flipped])
     return lines
 
 
