@@ -72,7 +72,7 @@ def tasks(a: argparse.Namespace) -> None:
             r = GATES.get("tasks").run(GateContext(cfg, ref, cand, lm.tokenizer, Path(tmp), Path(tmp), lm.fingerprint))
         assert r.status == "ok", r.error
         total += r.seconds
-        for s in r.details["suites"]:
+        for s in r.to_dict()["details"]["suites"]:  # as report.json stores it
             d = s["drop"]
             print(f"{s['suite']:<7} n={s['n']:<3} reference {d['ref_accuracy']:.3f} [{d['ref_interval'][0]:.3f}, "
                   f"{d['ref_interval'][1]:.3f}]  chance {s['chance']:.3f}  flips {s['counts']['ref_only'] + s['counts']['cand_only']}"

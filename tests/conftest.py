@@ -51,3 +51,23 @@ def small_config(name: str, fmt: str = "fp8", kv: str = "fp16", **sections: Any)
     for k, v in sections.items():
         cfg[k] = copy.deepcopy(v) if not isinstance(cfg.get(k), dict) else {**cfg[k], **v}
     return cfg
+
+
+def gate4_result(drops: list[float], items: int = 100) -> dict[str, Any]:
+    """Gate 4's finished result as report.json stores it, built by its judge: one right/wrong suite
+    `s<i>` per drop, of `items` items each, whose accuracy drop (reference − candidate) is the drop
+    rounded to a multiple of 1/items (right→wrong flips, or wrong→right ones for a negative drop)."""
+    from qval.config import parse_config
+    from qval.judges.tasks import summarize
+
+    labels = [f"s{i}" for i in range(len(drops))]
+    data = small_config("gate4", "none")
+    data["gates"]["tasks"] = {"suites": [{"builtin": "choice", "name": x, "margin": 0.5} for x in labels]}
+    suites = []
+    for x, d in zip(labels, drops):
+        k = round(d * items)
+        ref = [i >= -k for i in range(items)]  # wrong on the first −k items where the candidate gains them
+        cand = [i >= k for i in range(items)]  # wrong on the first k items where it loses them
+        suites.append({"suite": x, "source": "builtin:choice", "kinds": ["choice"], "default_chance": 0.25, "seconds": 0.0,
+                       "rows": [{"id": str(i), "ref_right": r, "cand_right": c} for i, (r, c) in enumerate(zip(ref, cand))]})
+    return summarize(parse_config(data, "<gate 4 result>"), suites, 1.0).to_dict()

@@ -13,14 +13,15 @@ import pytest
 from qval import ranking
 from qval.ranking import Standing, best, rank_key, standing
 
+from .conftest import gate4_result
+
 
 def _run(approved, failures=0, kld=None, drops=()):
     gates = {}
     if kld is not None:
         gates["agreement"] = {"measurements": {"mean_kld": {"value": kld}}}
     if drops:
-        gates["tasks"] = {"measurements": {f"drop@s{i}": {"value": d} for i, d in enumerate(drops)},
-                          "details": {"suites": [{"suite": f"s{i}"} for i in range(len(drops))]}}
+        gates["tasks"] = gate4_result(drops)
     return SimpleNamespace(verdict=SimpleNamespace(approved=approved, failures=[object()] * failures), report={"gates": gates})
 
 

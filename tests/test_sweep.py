@@ -9,7 +9,7 @@ import pytest
 
 from qval.config import parse_config
 from qval.sweep import footprint
-from tests.conftest import ROOT, small_config, write_config
+from tests.conftest import ROOT, gate4_result, small_config, write_config
 
 # SmolLM2-135M: 30 decoder layers of q,o (576×576), k,v (576×192), gate,up (576×1536), down (1536×576),
 # embedding 49152×576 tied to lm_head, 61 RMSNorm weights of 576; 3 KV heads of 64 dims
@@ -101,9 +101,7 @@ def test_equal_sized_candidates_rank_by_the_answers_they_lose_then_by_kld(tmp_pa
 
     def entry(name, drops, kld):
         cfg = parse_config({"name": name, "quant": {"format": "fp8"}, "gates": {"agreement": {"min_top1": 0.5}}}, f"{name}.yaml")
-        gates = {"agreement": {"measurements": {"mean_kld": {"value": kld}}},
-                 "tasks": {"measurements": {f"drop@s{i}": {"value": d} for i, d in enumerate(drops)},
-                           "details": {"suites": [{"suite": f"s{i}"} for i in range(len(drops))]}}}
+        gates = {"agreement": {"measurements": {"mean_kld": {"value": kld}}}, **({"tasks": gate4_result(drops)} if drops else {})}
         run = RunResult(cfg, Verdict(approved=True, checks=[]), tmp_path, {"gates": gates})
         return SweepEntry(cfg, None, Footprint(8.0, 100.0, 1.0, 1.0), run)
 

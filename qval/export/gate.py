@@ -14,6 +14,8 @@ from ..config import GateConfig
 from ..gates.base import GateContext, GateSpec
 from ..metrics.estimate import Estimate
 from ..judges.export_fidelity import NAME, enabled, thresholds
+from ..results import parse
+from ..results.export_fidelity import ExportFidelityDetails
 from ..verdict import GateResult
 
 
@@ -27,8 +29,9 @@ def run(ctx: GateContext) -> GateResult:
         "failed_checks": Estimate(value=float(len(failed)), n=len(fid.get("checks", []))),
         "weight_mismatches": Estimate(value=float(totals.get("mismatches", 0)) if totals else float("nan"), n=totals.get("n")),
     }
-    details: dict[str, Any] = {k: v for k, v in fid.items() if k not in ("layers", "key")}
-    details["notes"] = [f"{c['name']}: {c['detail']}" for c in fid.get("checks", []) if not c["ok"]]
+    kept = {k: v for k, v in fid.items() if k not in ("layers", "key")}
+    notes = [f"{c['name']}: {c['detail']}" for c in fid.get("checks", []) if not c["ok"]]
+    details = parse(ExportFidelityDetails, {**kept, "notes": notes}, f"engine {ctx.config.engine.backend}'s fidelity report")
     return GateResult(NAME, "ok", measurements=measurements, details=details)
 
 

@@ -16,6 +16,8 @@ from ..gate_metrics import TASKS
 from ..metrics.estimate import Estimate, normal_ppf
 from ..metrics.paired import (PairedCounts, informative, loglik_noninferiority, mean_noninferiority, noninferiority,
                              paired_counts)
+from ..results import parse
+from ..results.tasks import ScoreDrop, Suite, TasksDetails
 from ..verdict import GateResult, Threshold
 
 
@@ -23,37 +25,39 @@ def enabled(cfg: GateConfig) -> bool:
     return cfg.gates.tasks.enabled
 
 
-def _suite_result(result: GateResult | None, label: str) -> dict[str, Any] | None:
+def _suite_result(result: GateResult | None, label: str) -> Suite | None:
     if result is None or result.status != "ok":
         return None
-    return next((s for s in result.details.get("suites", []) if s["suite"] == label), None)
+    details = parse(TasksDetails, result.details, "gate tasks' result")
+    return next((s for s in details.suites if s.suite == label), None)
 
 
-def _informative(suite: TaskSuite, s: dict[str, Any] | None) -> tuple[bool, str | None]:
+def _informative(suite: TaskSuite, s: Suite | None) -> tuple[bool, str | None]:
     """Informative when the REFERENCE is clearly above chance on the suite (its one-sided
     (1 − α) Wilson lower bound exceeds it): a task the reference cannot do shows no loss."""
     if s is None:
         return True, None  # the check fails for the missing result, as any other
-    if s.get("kind") in ("mean", "loglik"):
-        return _score_informative(suite, s)
-    c = PairedCounts(**s["counts"])
-    chance = suite.chance if suite.chance is not None else s["default_chance"]  # the config's, even on a stored result
+    if isinstance(s.drop, ScoreDrop):
+        return _score_informative(suite, s, s.drop)
+    assert s.counts is not None  # a right/wrong suite has its table (Suite's validator)
+    c = PairedCounts(**s.counts.to_dict())
+    chance = suite.chance if suite.chance is not None else s.default_chance  # the config's, even on a stored result
     if informative(c.ref_correct, c.n, chance, suite.alpha):
         return True, None
     return False, (f"the reference itself answers {c.ref_correct} of {c.n} items of suite {suite.label}, not clearly "
                    f"above chance ({chance:.3g})")
 
 
-def _score_informative(suite: TaskSuite, s: dict[str, Any]) -> tuple[bool, str | None]:
+def _score_informative(suite: TaskSuite, s: Suite, st: ScoreDrop) -> tuple[bool, str | None]:
     """A score suite is informative unless its config sets a `chance` the reference's mean score
     does not clearly exceed (its one-sided (1 − α) lower bound); a perplexity has no chance."""
-    if suite.chance is None or s["kind"] == "loglik":
+    if suite.chance is None or s.kind == "loglik":
         return True, None
-    st = s["drop"]
-    bound = st["ref_mean"] - normal_ppf(1 - suite.alpha) * st["ref_stderr"]
+    assert st.ref_mean is not None and st.ref_stderr is not None  # a mean score's figures
+    bound = st.ref_mean - normal_ppf(1 - suite.alpha) * st.ref_stderr
     if bound > suite.chance:
         return True, None
-    return False, (f"the reference's mean score on suite {suite.label} is {st['ref_mean']:.4g}, not clearly above "
+    return False, (f"the reference's mean score on suite {suite.label} is {st.ref_mean:.4g}, not clearly above "
                    f"chance ({suite.chance:.3g})")
 
 
@@ -63,9 +67,9 @@ def thresholds(cfg: GateConfig, result: GateResult | None) -> list[Threshold]:
     for suite in cfg.gates.tasks.suites:
         s = _suite_result(result, suite.label)
         ok, why = _informative(suite, s)
-        det = s["drop"].get("detectable_drop") if s else None
-        what = ("accuracy drop (reference − candidate)" if s is None or s.get("kind", "binary") == "binary"
-                else f"drop in {s['drop'].get('unit', 'score')}")
+        det = s.drop.detectable_drop if s else None
+        what = ("accuracy drop (reference − candidate)" if s is None or not isinstance(s.drop, ScoreDrop)
+                else f"drop in {s.drop.unit}")
         out.append(Threshold("tasks", f"{drop.key}@{suite.label}", drop.op, suite.margin,
                              drop.describe(what=what, suite=suite.label, level=f"{1 - suite.alpha:.0%}"), "absolute",
                              det, on=drop.on, informative=ok, why_uninformative=why, detectable=det))
@@ -103,7 +107,7 @@ def summarize(cfg: GateConfig, suites: list[dict[str, Any]], seconds: float) -> 
                     "interval": f"Newcombe paired, two-sided {1 - 2 * suite.alpha:.0%} (its upper end is the one-sided "
                                 f"{1 - suite.alpha:.0%} bound); flip and net-loss intervals Clopper–Pearson 95%"})
     notes = [s["shortfall"] for s in out if s.get("shortfall")]
-    details = {"suites": out, **({"shortfall": "; ".join(notes)} if notes else {})}
+    details = TasksDetails(suites=out, **({"shortfall": "; ".join(notes)} if notes else {}))
     return GateResult("tasks", "ok", measurements=measurements, details=details, seconds=seconds)
 
 
@@ -114,9 +118,13 @@ def drop_key(label: str) -> str:
 
 def worst_drop(gate: dict[str, Any]) -> float | None:
     """The largest paired drop over the suites of gate 4's stored result (report.json's gates.tasks),
-    read by each suite's key; None when no suite has one (`ranking` orders candidates by it)."""
+    read by each suite's key; None when no suite has one, or the gate did not finish (`ranking` orders
+    candidates by it)."""
+    if gate.get("status") != "ok":
+        return None
     ms = gate.get("measurements") or {}
-    drops = [(ms.get(drop_key(s["suite"])) or {}).get("value") for s in (gate.get("details") or {}).get("suites", [])]
+    suites = parse(TasksDetails, gate.get("details"), "report.json's gate tasks").suites
+    drops = [(ms.get(drop_key(s.suite)) or {}).get("value") for s in suites]
     drops = [d for d in drops if d is not None]
     return max(drops) if drops else None
 

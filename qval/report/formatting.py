@@ -8,6 +8,7 @@ from typing import Any
 
 from .numbers import fmt, number
 from ..results.agreement import Scored
+from ..results.tasks import Suite
 
 #: each gate's section title; a gate not named here is titled by its name
 TITLES = {"agreement": "Gate 1 — logits agreement",
@@ -99,25 +100,19 @@ def right(ref_right: bool) -> str:
     return "reference" if ref_right else "candidate"
 
 
-def split_suites(suites: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    """Gate 4's suites as (marked right or wrong, scored per document)."""
-    scores = [s for s in suites if s.get("kind") in ("mean", "loglik")]
-    return [s for s in suites if s not in scores], scores
-
-
-def lmeval_rows(suites: list[dict[str, Any]]) -> list[list[Any]]:
+def lmeval_rows(suites: list[Suite]) -> list[list[Any]]:
     """Per lm-eval suite: the task as lm-eval ran it, lm-eval's own figure for each model and
     qval's from the paired documents (the same number when lm-eval averages per document)."""
     out = []
     for s in suites:
-        m = s.get("lmeval")
-        if not m:
+        m = s.lmeval
+        if m is None:
             continue
-        shots, limit = m.get("num_fewshot"), m.get("limit")
-        how = f"{m.get('output_type')}, {m.get('key')}, {'?' if shots is None else shots}-shot"
+        shots, limit = m.num_fewshot, m.limit
+        how = f"{m.output_type}, {m.key}, {'?' if shots is None else shots}-shot"
         how += "" if limit is None else f", first {limit} documents"
-        out.append([s["suite"], f"{m.get('task')} ({how})", s.get("n"), m.get("reference"), m.get("qval_reference"), m.get("candidate"), m.get("qval_candidate"),
-                    m.get("lm_eval_version")])
+        out.append([s.suite, f"{m.task} ({how})", s.n, m.reference, m.qval_reference, m.candidate, m.qval_candidate,
+                    m.lm_eval_version])
     return out
 
 

@@ -20,12 +20,14 @@ from . import charts
 from . import formatting
 from .diagnostics_html import diagnostics_section, fallback_section
 from .formatting import (CHECK_COLUMNS, DROP_COLUMNS, FLIP_COLUMNS, LMEVAL_COLUMNS, LMEVAL_NOTE, answer_text, calibration_text, candidate_text,
-                         check_rows, failed_text, interval, lmeval_rows, reference_text, right, runtime_text, snapshot_text, split_suites,
+                         check_rows, failed_text, interval, lmeval_rows, reference_text, right, runtime_text, snapshot_text,
                          stage_columns, stage_rows, versions_text)
 from .error_rates import SIZE_COLUMN, SIZE_NOTE, file_text, size_cell
 from .html_parts import badge, figure, num, table
 from .numbers import fmt
 from ..results import AgreementDetails, DepthDetails, RetrievalDetails, parse
+from ..results.retrieval import NonInferiority
+from ..results.tasks import ScoreDrop, TasksDetails
 from ..results.longgen import LonggenWindow
 
 CSS = """
@@ -163,47 +165,45 @@ def retrieval_plots(g: dict[str, Any]) -> str:
 def tasks_plots(g: dict[str, Any]) -> str:
     """Gate 4: both accuracies per right/wrong suite with their Wilson intervals, the suites scored
     per document, lm-eval's own figures beside qval's, the flipped items and the largest drops."""
-    suites = (g.get("details") or {}).get("suites") or []
-    if not suites:
+    d = parse(TasksDetails, g["details"], "report.json's gate tasks") if g.get("status") == "ok" else None
+    if d is None or not d.suites:
         return '<p class="note">No task suites in this gate\'s details.</p>'
-    binary, scores = split_suites(suites)
+    binary, scores = d.split()
     out = []
     if binary:
+        drops = [s.drop for s in binary]
+        assert all(isinstance(dr, NonInferiority) for dr in drops)  # a right/wrong suite's figures (Suite's validator)
         bars = []
-        for s in binary:
-            dr = s.get("drop") or {}
-            for who, key in (("reference", "ref"), ("candidate", "cand")):
-                lo, hi = (dr.get(f"{key}_interval") or [None, None])[:2]
-                bars.append((f"{s['suite']} · {who}", num(dr.get(f"{key}_accuracy")), num(lo), num(hi)))
+        for s, dr in zip(binary, drops):
+            for who, acc, (lo, hi) in (("reference", dr.ref_accuracy, dr.ref_interval[:2]),
+                                       ("candidate", dr.cand_accuracy, dr.cand_interval[:2])):
+                bars.append((f"{s.suite} · {who}", num(acc), num(lo), num(hi)))
         out.append(figure(charts.interval_bars([b for b in bars if b[1] is not None], "Accuracy per suite", "accuracy (Wilson 95% interval)"),
                           "accuracy per suite", f"gate 4 took {fmt(num(g.get('seconds')))} s; chance per suite: "
-                          + ", ".join(f"{s['suite']} {fmt(num(s.get('chance')))}" for s in binary)))
+                          + ", ".join(f"{s.suite} {fmt(num(s.chance))}" for s in binary)))
         out.append(table(["suite", "source", "items", "reference", "candidate", "drop", "upper bound", "detects ≥", "flips (right→wrong)",
                           "McNemar p", "seconds"],
-                         ([s["suite"], str(s.get("source", "")), s.get("n"), (s.get("drop") or {}).get("ref_accuracy"),
-                           (s.get("drop") or {}).get("cand_accuracy"), (s.get("drop") or {}).get("drop"), (s.get("drop") or {}).get("hi"),
-                           (s.get("drop") or {}).get("detectable_drop"),
-                           f"{s['counts']['ref_only'] + s['counts']['cand_only']} ({s['counts']['ref_only']})",
-                           (s.get("drop") or {}).get("mcnemar_p"), s.get("seconds")] for s in binary), [2, 3, 4, 5, 6, 7, 9, 10]))
+                         ([s.suite, s.source, s.n, dr.ref_accuracy, dr.cand_accuracy, dr.drop, dr.hi, dr.detectable_drop,
+                           f"{s.counts.ref_only + s.counts.cand_only} ({s.counts.ref_only})" if s.counts else "–",
+                           dr.mcnemar_p, s.seconds] for s, dr in zip(binary, drops) if isinstance(dr, NonInferiority)),
+                         [2, 3, 4, 5, 6, 7, 9, 10]))
     if scores:
         out.append('<p class="note">Suites scored per document: the drop is in the unit named.</p>')
         out.append(table(["suite", "source", "documents", "metric", "reference", "candidate", "drop", "upper bound", "unit", "detects ≥", "seconds"],
-                         ([s["suite"], str(s.get("source", "")), s.get("n"), str((s.get("lmeval") or {}).get("key", "–")),
-                           (s.get("drop") or {}).get("ref_value"), (s.get("drop") or {}).get("cand_value"), (s.get("drop") or {}).get("drop"),
-                           (s.get("drop") or {}).get("hi"), str((s.get("drop") or {}).get("unit", "")),
-                           (s.get("drop") or {}).get("detectable_drop"), s.get("seconds")] for s in scores), [2, 4, 5, 6, 7, 9, 10]))
-    lm = lmeval_rows(suites)
+                         ([s.suite, s.source, s.n, s.lmeval.key if s.lmeval else "–", sd.ref_value, sd.cand_value, sd.drop, sd.hi, sd.unit,
+                           sd.detectable_drop, s.seconds] for s in scores if isinstance(sd := s.drop, ScoreDrop)), [2, 4, 5, 6, 7, 9, 10]))
+    lm = lmeval_rows(d.suites)
     if lm:
         out.append(f'<p class="note">{LMEVAL_NOTE}.</p>')
         out.append(table(LMEVAL_COLUMNS, lm, [2, 3, 4, 5, 6]))
-    flips = [f for s in suites for f in s.get("flipped") or []]
+    flips = [f for s in d.suites for f in s.flipped]
     if flips:
-        out.append(table(FLIP_COLUMNS, ([f["suite"], f["id"], str(f.get("excerpt", "")), str(f.get("expected", "")), str(f.get("ref_answer", "–")),
-                                        str(f.get("cand_answer", "–")), right(f["ref_right"])] for f in flips)))
-    drops = [f for s in scores for f in s.get("largest_drops") or []]
-    if drops:
-        out.append(table(DROP_COLUMNS, ([f["suite"], f["id"], str(f.get("excerpt", "")), str(f.get("expected", "")), str(f.get("ref_answer", "–")),
-                           str(f.get("cand_answer", "–")), f.get("item_drop")] for f in drops), [6]))
+        out.append(table(FLIP_COLUMNS, ([f.suite, f.id, f.excerpt or "", f.expected or "", answer_text(f.ref_answer),
+                                        answer_text(f.cand_answer), right(bool(f.ref_right))] for f in flips)))
+    largest = [f for s in scores for f in s.largest_drops or []]
+    if largest:
+        out.append(table(DROP_COLUMNS, ([f.suite, f.id, f.excerpt or "", f.expected or "", answer_text(f.ref_answer),
+                           answer_text(f.cand_answer), f.item_drop] for f in largest), [6]))
     return "".join(out)
 
 

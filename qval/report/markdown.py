@@ -7,11 +7,14 @@ from typing import Any
 from .diagnostics_md import diagnostics_markdown
 from .formatting import (CHECK_COLUMNS, DROP_COLUMNS, FLIP_COLUMNS, LMEVAL_COLUMNS, LMEVAL_NOTE, TITLES, answer_text, bracket,
                          calibration_text, candidate_text, check_rows, estimate, failed_text, interval, kld_bound_text,
-                         lmeval_rows, numerics_line, reference_text, right, runtime_text, snapshot_text, split_suites,
+                         lmeval_rows, numerics_line, reference_text, right, runtime_text, snapshot_text,
                          stage_columns, stage_rows, versions_text)
 from .error_rates import SIZE_COLUMN, SIZE_NOTE, file_text, size_cell
 from .numbers import fmt
-from ..results import TYPES, AgreementDetails, DepthDetails, LonggenDetails, QualityDetails, RetrievalDetails, parse
+from ..results import (TYPES, AgreementDetails, DepthDetails, ExportFidelityDetails, LonggenDetails, QualityDetails,
+                       RetrievalDetails, parse)
+from ..results.retrieval import NonInferiority
+from ..results.tasks import ScoreDrop, TasksDetails
 
 
 def table(headers: tuple[str, ...] | list[str], rows: list[list[Any]]) -> list[str]:
@@ -50,12 +53,20 @@ def agreement_section(g: dict[str, Any]) -> list[str]:
 
 
 def generic_section(g: dict[str, Any]) -> list[str]:
+    """A gate without a section of its own, or a typed gate that did not finish: its measurements, and
+    the notes its details carry."""
     lines = ["| figure | value | 95% interval |", "|---|---|---|"]
     for k, e in g["measurements"].items():
         lines.append(f"| {k} | {estimate(e)} | {interval(e)} |")
     for note in g["details"].get("notes", []):
         lines.append(f"\nNote: {note}")
     return lines
+
+
+def export_fidelity_section(g: dict[str, Any]) -> list[str]:
+    """The export check: its two counts, and a note per fidelity check that did not pass."""
+    d = parse(ExportFidelityDetails, g["details"], "report.json's gate export_fidelity")
+    return generic_section({**g, "details": {"notes": d.notes}})
 
 
 def quality_section(g: dict[str, Any]) -> list[str]:
@@ -173,57 +184,57 @@ def _cell_text(x: Any, chars: int = 60) -> str:
 
 
 def tasks_section(g: dict[str, Any]) -> list[str]:
-    d = g["details"]
-    suites = d.get("suites", [])
-    binary, scores = split_suites(suites)
+    d = parse(TasksDetails, g["details"], "report.json's gate tasks")
+    binary, scores = d.split()
     lines = [f"Gate 4 took {fmt(g.get('seconds'))} s (reference and candidate). Both models answer every item; a suite "
              "passes when the one-sided upper bound of its drop (reference − candidate: the accuracy, with Newcombe's "
              "paired interval; for a suite scored per document, the metric's paired mean difference or the perplexity's "
              "log ratio, with a normal interval) is within its margin. Every item is in the stage folder's items.jsonl."]
-    if d.get("shortfall"):
-        lines.append(f"Note: {d['shortfall']}.")
+    if d.shortfall:
+        lines.append(f"Note: {d.shortfall}.")
     if binary:
         lines += ["", "| suite | items | chance | reference [Wilson] | candidate [Wilson] | drop [interval] | detects drops ≥ | "
                   "flips (right→wrong) [exact] | McNemar p | seconds |", "|---|---|---|---|---|---|---|---|---|---|"]
     for s in binary:
-        dr = s.get("drop", {})
-        ri, ci, fi = dr.get("ref_interval") or [None, None], dr.get("cand_interval") or [None, None], dr.get("flip_interval") or [None, None]
-        flips = s["counts"]["ref_only"] + s["counts"]["cand_only"]
-        lines.append(f"| {s['suite']} ({s.get('source')}) | {s.get('n')} | {fmt(s.get('chance'))} | {fmt(dr.get('ref_accuracy'))} "
-                     f"{bracket(*ri)} | {fmt(dr.get('cand_accuracy'))} {bracket(*ci)} | "
-                     f"{fmt(dr.get('drop'))} {bracket(dr.get('lo'), dr.get('hi'))} | {fmt(dr.get('detectable_drop'))} | "
-                     f"{flips} ({s['counts']['ref_only']}) {bracket(*fi)} | {fmt(dr.get('mcnemar_p'))} | {fmt(s.get('seconds'))} |")
+        dr, c = s.drop, s.counts
+        assert isinstance(dr, NonInferiority) and c is not None  # a right/wrong suite's figures (Suite's validator)
+        lines.append(f"| {s.suite} ({s.source}) | {s.n} | {fmt(s.chance)} | {fmt(dr.ref_accuracy)} "
+                     f"{bracket(*dr.ref_interval)} | {fmt(dr.cand_accuracy)} {bracket(*dr.cand_interval)} | "
+                     f"{fmt(dr.drop)} {bracket(dr.lo, dr.hi)} | {fmt(dr.detectable_drop)} | "
+                     f"{c.ref_only + c.cand_only} ({c.ref_only}) {bracket(*dr.flip_interval)} | {fmt(dr.mcnemar_p)} | {fmt(s.seconds)} |")
     if scores:
         lines += ["", "Suites scored per document (the drop in the unit named):", "",
                   "| suite | documents | metric | reference | candidate | drop [interval] | unit of the drop | detects drops ≥ | seconds |",
                   "|---|---|---|---|---|---|---|---|---|"]
         for s in scores:
-            dr = s.get("drop", {})
-            lines.append(f"| {s['suite']} ({s.get('source')}) | {s.get('n')} | {(s.get('lmeval') or {}).get('key', '–')} | "
-                         f"{fmt(dr.get('ref_value'))} | {fmt(dr.get('cand_value'))} | {fmt(dr.get('drop'))} "
-                         f"{bracket(dr.get('lo'), dr.get('hi'))} | {_cell_text(dr.get('unit'), 90)} | "
-                         f"{fmt(dr.get('detectable_drop'))} | {fmt(s.get('seconds'))} |")
-    lm = lmeval_rows(suites)
+            sd = s.drop
+            assert isinstance(sd, ScoreDrop)
+            lines.append(f"| {s.suite} ({s.source}) | {s.n} | {s.lmeval.key if s.lmeval else '–'} | "
+                         f"{fmt(sd.ref_value)} | {fmt(sd.cand_value)} | {fmt(sd.drop)} "
+                         f"{bracket(sd.lo, sd.hi)} | {_cell_text(sd.unit, 90)} | "
+                         f"{fmt(sd.detectable_drop)} | {fmt(s.seconds)} |")
+    lm = lmeval_rows(d.suites)
     if lm:
         lines += ["", LMEVAL_NOTE + ":", ""]
         lines += table(LMEVAL_COLUMNS, [[_cell_text(x, 90) if isinstance(x, str) else fmt(x) for x in row] for row in lm])
-    flips = [f for s in suites for f in s.get("flipped", [])]
+    flips = [f for s in d.suites for f in s.flipped]
     if flips:
         lines += ["", "Items the two models mark differently:", ""]
-        lines += table(FLIP_COLUMNS, [[f["suite"], f["id"], _cell_text(f.get("excerpt"), 80), _cell_text(f.get("expected")),
-                                       _cell_text(f.get("ref_answer")), _cell_text(f.get("cand_answer")), right(f["ref_right"])] for f in flips])
-    drops = [f for s in scores for f in s.get("largest_drops", [])]
+        lines += table(FLIP_COLUMNS, [[f.suite, f.id, _cell_text(f.excerpt, 80), _cell_text(f.expected),
+                                       _cell_text(f.ref_answer), _cell_text(f.cand_answer), right(bool(f.ref_right))] for f in flips])
+    drops = [f for s in scores for f in s.largest_drops or []]
     if drops:
         lines += ["", "Documents whose score dropped most:", ""]
-        lines += table(DROP_COLUMNS, [[f["suite"], f["id"], _cell_text(f.get("excerpt"), 80), _cell_text(f.get("expected")),
-                                       _cell_text(f.get("ref_answer")), _cell_text(f.get("cand_answer")), fmt(f.get("item_drop"))]
+        lines += table(DROP_COLUMNS, [[f.suite, f.id, _cell_text(f.excerpt, 80), _cell_text(f.expected),
+                                       _cell_text(f.ref_answer), _cell_text(f.cand_answer), fmt(f.item_drop)]
                                       for f in drops])
     return lines
 
 
 #: each gate's evidence; a gate not named here shows its measurements (generic_section)
 SECTIONS = {"agreement": agreement_section, "depth": depth_section, "retrieval": retrieval_section,
-            "quality": quality_section, "longgen": longgen_section, "tasks": tasks_section}
+            "quality": quality_section, "longgen": longgen_section, "tasks": tasks_section,
+            "export_fidelity": export_fidelity_section}
 
 
 def render_markdown(r: dict[str, Any]) -> str:

@@ -1,7 +1,7 @@
 """Each gate's result details as a type (pydantic, torch-free): the gate's judge builds it, report.json
 is its `to_dict()`, and report.md / report.html read its fields, so a renamed or missing key is an
 error where it happens rather than a "None" in a report. A stored result is read back through its
-gate's type (`typed`); gate 4 (tasks) and the export check have no type yet and keep a plain dict.
+gate's type (`typed`).
 """
 
 from __future__ import annotations
@@ -11,13 +11,16 @@ from typing import Any
 from .agreement import AgreementDetails
 from .base import Block, Details, parse
 from .depth import DepthDetails
+from .export_fidelity import ExportFidelityDetails
 from .longgen import LonggenDetails
 from .quality import QualityDetails
 from .retrieval import RetrievalDetails
+from .tasks import TasksDetails
 
 #: the gates whose details are typed, by gate name
 TYPES: dict[str, type[Details]] = {"agreement": AgreementDetails, "depth": DepthDetails, "quality": QualityDetails,
-                                    "longgen": LonggenDetails, "retrieval": RetrievalDetails}
+                                    "longgen": LonggenDetails, "retrieval": RetrievalDetails, "tasks": TasksDetails,
+                                    "export_fidelity": ExportFidelityDetails}
 
 
 def typed(gate: str, status: str, details: Any) -> Any:
@@ -29,4 +32,4 @@ def typed(gate: str, status: str, details: Any) -> Any:
     return parse(cls, details, f"gate {gate}'s result")
 
 
-__all__ = ["AgreementDetails", "Block", "DepthDetails", "Details", "LonggenDetails", "QualityDetails", "RetrievalDetails", "TYPES", "parse", "typed"]
+__all__ = ["AgreementDetails", "Block", "DepthDetails", "Details", "ExportFidelityDetails", "LonggenDetails", "QualityDetails", "RetrievalDetails", "TYPES", "TasksDetails", "parse", "typed"]

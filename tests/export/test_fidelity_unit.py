@@ -46,3 +46,64 @@ def test_partial_awq_blocks_are_refused_with_a_fix():
     mtq.quantize(model, cfg, forward_loop=lambda m: m(torch.randn(2, 96)))
     with pytest.raises(StageError, match=r"input width 96, not a multiple of the block size 64.*awq_block_size to 32"):
         check_exportable(model)
+
+
+# --- the export_fidelity gate: its typed result, its checks, its section in report.md -----------------------
+
+def _fidelity(**edits):
+    """A fidelity report as the build writes it (qval.export.build: the FidelityReport's dict and its cache key)."""
+    fid = {"key": "k", "passed": True,
+           "checks": [{"name": "layer_coverage", "ok": True, "severity": "error", "detail": "210 layers"},
+                      {"name": "weights_equal", "ok": True, "severity": "error", "detail": "all equal"},
+                      {"name": "resmoothed", "ok": False, "severity": "warn", "detail": "2 layers re-smoothed"}],
+           "totals": {"layers": 210, "n": 1000, "equal": 998, "ties": 2, "mismatches": 0, "bad_layers": 0},
+           "changed_at_export": [{"layer": "model.layers.0.mlp.up_proj", "changes": ["weight re-smoothed and re-quantized"]}],
+           "layers": [{"layer": "model.layers.0.mlp.up_proj", "dtype": "float8_e4m3fn"}]}
+    fid.update(edits)
+    return fid
+
+
+def _run_gate(fid):
+    from types import SimpleNamespace
+
+    from qval.gates import GATES  # the gate as the pipeline finds it
+
+    return GATES.get("export_fidelity").run(SimpleNamespace(candidate=SimpleNamespace(fidelity=fid), config=SimpleNamespace(engine=SimpleNamespace(backend="export"))))
+
+
+def test_the_export_gate_returns_its_type_and_reads_back_the_same():
+    import json
+
+    from qval.results import ExportFidelityDetails
+    from qval.verdict import GateResult
+
+    r = _run_gate(_fidelity())
+    assert r.status == "ok" and isinstance(r.details, ExportFidelityDetails)
+    assert r.details.notes == ["resmoothed: 2 layers re-smoothed"] and r.measurements["failed_checks"].value == 0.0
+    stored = json.loads(json.dumps(r.to_dict()))
+    assert "layers" not in stored["details"] and "key" not in stored["details"]  # per-layer rows stay in fidelity.json
+    back = GateResult.from_dict(stored)
+    assert isinstance(back.details, ExportFidelityDetails) and back.to_dict() == stored
+
+
+def test_a_failed_fidelity_check_rejects_and_report_md_notes_it():
+    from qval.judges.export_fidelity import thresholds
+    from qval.report.markdown import export_fidelity_section
+    from qval.verdict import decide
+
+    checks = _fidelity()["checks"]
+    checks[1] = {**checks[1], "ok": False, "detail": "3 weights decode to another value"}
+    r = _run_gate(_fidelity(passed=False, checks=checks, totals={**_fidelity()["totals"], "mismatches": 3}))
+    v = decide({"export_fidelity": r}, thresholds(None, r))  # type: ignore[arg-type]
+    assert not v.approved and {c.metric for c in v.failures} == {"failed_checks", "weight_mismatches"}
+    lines = "\n".join(export_fidelity_section(r.to_dict()))
+    assert "| failed_checks | 1 |" in lines and "Note: weights_equal: 3 weights decode to another value" in lines
+
+
+def test_a_fidelity_report_of_another_shape_is_a_data_error():
+    from qval.errors import DataError
+
+    with pytest.raises(DataError, match=r"engine export's fidelity report: .*'totalz'"):
+        _run_gate(_fidelity(totalz={}))
+    with pytest.raises(DataError, match=r"'checks\.0\.severity'"):
+        _run_gate(_fidelity(checks=[{"name": "x", "ok": True, "detail": "no severity"}]))

@@ -203,14 +203,14 @@ def test_identical_marks_pass_and_a_loss_fails_on_the_upper_bound():
     assert v.approved, [c.reason for c in v.checks]
     m = r.measurements
     assert m["drop@choice"].value == 0.0 and m["drop@choice"].hi > 0 and m["flip_rate@choice"].value == 0.0
-    assert r.details["suites"][0]["flipped"] == [] and r.details["suites"][0]["drop"]["mcnemar_p"] == 1.0
+    assert r.details.suites[0].flipped == [] and r.details.suites[0].drop.mcnemar_p == 1.0
     lost = [x and i % 4 != 0 for i, x in enumerate(ref)]  # 8 right→wrong flips
     r, v = _verdict(cfg, [_suite("choice", ref, lost)])
     assert not v.approved and {c.metric for c in v.failures} == {"drop@choice", "flip_rate@choice"}
     assert any("upper bound of drop@choice" in c.reason for c in v.failures)
-    s = r.details["suites"][0]
-    assert len(s["flipped"]) == 8 and all(f["ref_right"] and not f["cand_right"] for f in s["flipped"])
-    assert s["drop"]["net_loss"] == 8 and s["counts"]["ref_only"] == 8
+    s = r.details.suites[0]
+    assert len(s.flipped) == 8 and all(f.ref_right and not f.cand_right for f in s.flipped)
+    assert s.drop.net_loss == 8 and s.counts.ref_only == 8
 
 
 def test_a_suite_the_reference_cannot_do_is_uninformative_never_a_pass():
@@ -289,10 +289,10 @@ def test_tasks_on_the_real_model_identity_is_exact_and_damage_is_rejected(defaul
         out[name] = (r, decide({"tasks": r}, GATES.get("tasks").thresholds(cfg, r)))
     r, v = out["identity"]
     assert r.status == "ok", r.error
-    for s in r.details["suites"]:
-        assert s["flipped"] == [] and s["drop"]["drop"] == 0.0, s["suite"]
+    for s in r.details.suites:
+        assert s.flipped == [] and s.drop.drop == 0.0, s.suite
     assert v.approved and not v.uninformative, [c.reason for c in v.checks]
     r, v = out["damaged"]
     assert r.status == "ok", r.error
     assert not v.approved
-    assert any(s["flipped"] for s in r.details["suites"])
+    assert any(s.flipped for s in r.details.suites)

@@ -1,4 +1,4 @@
-"""Gate 1's and 1b's typed details (qval.results): a gate cannot write a key its type does not name,
+"""Each gate's typed details (qval.results): a gate cannot write a key its type does not name,
 a stored result reads back to the same report.json, and a report whose details lost or renamed a key
 stops rendering with a DataError that names it, instead of printing "None" where a figure was."""
 
@@ -70,7 +70,12 @@ RENAMED = [("toy_gates", "agreement", ("kld",), ("p99", "p99_")),
            ("real_nvfp4", "longgen", ("sizing",), ("ref_loop_rate", "loop_rate")),
            ("real_nvfp4", "longgen", ("windows", 0), ("cand_judge_nll", "cand_nll")),
            ("toy_gates", "retrieval", ("overall", "drop"), ("mcnemar_p", "p")),
-           ("toy_gates", "retrieval", ("cells", 0), ("ref_right", "reference_right"))]
+           ("toy_gates", "retrieval", ("cells", 0), ("ref_right", "reference_right")),
+           ("toy_gates", "tasks", ("suites", 0, "drop"), ("mcnemar_p", "p")),
+           ("toy_gates", "tasks", ("suites", 0, "flipped", 1), ("cand_answer", "candidate_answer")),
+           ("toy_gates", "tasks", ("suites", 2, "lmeval"), ("qval_reference", "qval_ref")),
+           ("toy_gates", "tasks", ("suites", 3, "drop"), ("unit", "units")),
+           ("real_nvfp4", "tasks", ("suites", 0), ("counts", "table"))]
 
 
 # report.html shows gate 2's measurements only and of gate 3 its windows: the rest of their details is read by report.md
@@ -101,7 +106,8 @@ def test_a_stored_result_of_another_shape_is_a_data_error_with_what_to_do():
 
 
 @pytest.mark.parametrize("fixture,gate", [("toy_gates", "agreement"), ("toy_gates", "depth"), ("toy_gates", "retrieval"),
-                                          ("real_nvfp4", "agreement"), ("real_nvfp4", "quality"), ("real_nvfp4", "longgen")])
+                                          ("toy_gates", "tasks"), ("real_nvfp4", "agreement"), ("real_nvfp4", "quality"),
+                                          ("real_nvfp4", "longgen"), ("real_nvfp4", "tasks")])
 def test_every_stored_fixture_reads_back_through_its_type_unchanged(fixture, gate):
     stored = json.loads((FIXTURES / f"{fixture}.json").read_text(encoding="utf-8"))["gates"][gate]
     back = GateResult.from_dict(stored)
@@ -117,3 +123,17 @@ def test_an_unfinished_result_shows_its_measurements_not_a_section_of_nones():
     page = render_markdown(report)
     section = page.split("## Gate 3")[1].split("\n## ")[0]
     assert "| late_kld | nan | – |" in section and "None" not in section
+
+
+def test_a_suite_whose_figures_are_not_its_kinds_is_refused():
+    """Gate 4's suites carry one of two shapes of drop: right/wrong marks (Newcombe's figures and the paired
+    table) or a per-document score (the score drop in its unit); a suite that claims one kind and carries the
+    other's figures does not read back."""
+    stored = json.loads((FIXTURES / "toy_gates.json").read_text(encoding="utf-8"))["gates"]["tasks"]
+    binary, scored = stored["details"]["suites"][0], stored["details"]["suites"][2]
+    assert "kind" not in binary and scored["kind"] == "mean"
+    for suite, kind in ((binary, "mean"), (scored, "binary")):
+        bad = copy.deepcopy(stored)
+        bad["details"]["suites"] = [{**suite, "kind": kind}]
+        with pytest.raises(DataError, match=r"gate tasks's result: .*suites\.0"):
+            GateResult.from_dict(bad)

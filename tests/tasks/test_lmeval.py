@@ -326,8 +326,8 @@ def test_a_per_document_score_is_gated_on_its_mean_and_needs_a_direction(tmp_pat
                 GATES.get("tasks").run(GateContext(cfg, flat, flat, tokenizer, tmp_path, tmp_path, "fp"))
             continue
         r = GATES.get("tasks").run(GateContext(cfg, flat, flat, tokenizer, tmp_path, tmp_path, "fp"))
-        s = r.details["suites"][0]
-        assert s["kind"] == "mean" and s["drop"]["ref_value"] == pytest.approx(0.125) == s["lmeval"]["reference"]
+        s = r.details.suites[0]
+        assert s.kind == "mean" and s.drop.ref_value == pytest.approx(0.125) == s.lmeval.reference
         assert decide({"tasks": r}, GATES.get("tasks").thresholds(cfg, r)).approved and "ref_score@qval_scored" in r.measurements
         cfg = _cfg(_suite(lm_eval="qval_scored", include_path=str(tmp_path), margin=0.05, max_flip_rate=0.1))
         with pytest.raises(ConfigError, match="is a score, not right/wrong marks: max_flip_rate does not apply"):
@@ -370,10 +370,10 @@ def test_the_gate_on_flat_engines_notes_a_short_task_and_finds_it_uninformative(
     flat = FlatEngine(len(tokenizer))
     r = GATES.get("tasks").run(GateContext(cfg, flat, flat, tokenizer, tmp_path, tmp_path, "fp"))
     assert r.status == "ok", r.error
-    s = r.details["suites"][0]
-    assert s["n"] == 40 and s["drop"]["ref_accuracy"] == 0.25 == s["lmeval"]["reference"] and s["lmeval"]["max_length"] == 2048
+    s = r.details.suites[0]
+    assert s.n == 40 and s.drop.ref_accuracy == 0.25 == s.lmeval.reference and s.lmeval.max_length == 2048
     note = "gates.tasks.suites[0].limit: asked for 50 documents of task qval_choice, the data holds 40 (20% short)"
-    assert r.details["shortfall"] == note and f"Note: {note}." in "\n".join(tasks_section(r.to_dict()))
+    assert r.details.shortfall == note and f"Note: {note}." in "\n".join(tasks_section(r.to_dict()))
     check = decide({"tasks": r}, GATES.get("tasks").thresholds(cfg, r)).checks[0]
     assert check.outcome == "uninformative" and "answers 10 of 40 items of suite qval_choice" in check.reason
 
@@ -383,8 +383,9 @@ def test_the_gate_on_flat_engines_notes_a_short_task_and_finds_it_uninformative(
 def _score_entry(label, kind, rows, metric, **info):
     return {"suite": label, "source": f"lm-eval:{label}", "kinds": ["generate_until"], "kind": kind, "output_type": "x",
             "default_chance": 0.05, "seconds": 1.0, "rows": rows,
-            "lmeval": {"task": label, "metric": metric, "key": f"{metric},none", "output_type": "x", "num_fewshot": 0,
-                       "limit": None, "reference": None, "candidate": None, "lm_eval_version": "0.4.13", **info}}
+            "lmeval": {"task": label, "metric": metric, "filter": "none", "key": f"{metric},none", "family": kind,
+                       "higher_is_better": kind == "mean", "output_type": "x", "num_fewshot": 0, "limit": None,
+                       "max_length": 2048, "reference": None, "candidate": None, "lm_eval_version": "0.4.13", **info}}
 
 
 def test_scores_pair_by_mean_difference_and_perplexities_by_their_log_ratio():
@@ -415,7 +416,7 @@ def test_scores_pair_by_mean_difference_and_perplexities_by_their_log_ratio():
     assert v.approved and not v.uninformative, [c.reason for c in v.checks]
     assert r.measurements["drop@f1ish"].value == 0.0 and r.measurements["drop@ppl"].value == 0.0
     ppl = math.exp(-sum(ll) / sum(words))
-    assert r.measurements["ref_score@ppl"].value == pytest.approx(ppl) and r.details["suites"][1]["lmeval"]["qval_reference"] == pytest.approx(ppl)
+    assert r.measurements["ref_score@ppl"].value == pytest.approx(ppl) and r.details.suites[1].lmeval.qval_reference == pytest.approx(ppl)
     lower = [x - 0.1 for x in ref]  # every document 0.1 worse
     worse = [x - 0.05 * w for x, w in zip(ll, words)]  # 0.05 nats per word lost
     r, v = run(lower, worse)
@@ -425,9 +426,9 @@ def test_scores_pair_by_mean_difference_and_perplexities_by_their_log_ratio():
     assert m["drop@bpb"].value == pytest.approx(0.05 / 5 / math.log(2))  # bits per byte, over 5 bytes a word
     assert m["ref_score@bpb"].value == pytest.approx(-sum(ll) / (5 * sum(words)) / math.log(2))
     assert {c.metric for c in v.failures} == {"drop@f1ish", "drop@ppl"}  # bpb: 0.0144 bits/byte is within 0.02
-    by = {s["suite"]: s for s in r.details["suites"]}
-    assert by["ppl"]["drop"]["unit"].startswith("ln(perplexity_candidate / perplexity_reference)") and "per word" in by["ppl"]["drop"]["unit"]
-    assert len(by["f1ish"]["largest_drops"]) == 5 and by["f1ish"]["largest_drops"][0]["item_drop"] == pytest.approx(0.1)
+    by = {s.suite: s for s in r.details.suites}
+    assert by["ppl"].drop.unit.startswith("ln(perplexity_candidate / perplexity_reference)") and "per word" in by["ppl"].drop.unit
+    assert len(by["f1ish"].largest_drops) == 5 and by["f1ish"].largest_drops[0].item_drop == pytest.approx(0.1)
     md = "\n".join(tasks_section(r.to_dict()))
     assert "Suites scored per document" in md and "| ppl (lm-eval:ppl) | 4 | word_perplexity,none |" in md
     assert "Documents whose score dropped most" in md and "lm-eval: reference" in md
@@ -516,13 +517,13 @@ def test_the_identity_candidate_has_no_flips_and_passes(identity_run):
     (r, v), folder = identity_run
     assert r.status == "ok", r.error
     assert v.approved and not v.uninformative, [c.reason for c in v.checks]
-    by = {s["suite"]: s for s in r.details["suites"]}
-    assert by["qval_choice"]["kind"] == "binary" and by["qval_choice"]["n"] == 40 and by["qval_choice"]["flipped"] == []
-    assert by["qval_recall"]["n"] == 12 and by["qval_recall"]["lmeval"]["key"] == "exact_match,first-number"
-    assert by["qval_prose_rolling"]["kind"] == "loglik" and by["qval_prose_rolling"]["drop"]["drop"] == 0.0
+    by = {s.suite: s for s in r.details.suites}
+    assert by["qval_choice"].kind == "binary" and by["qval_choice"].n == 40 and by["qval_choice"].flipped == []
+    assert by["qval_recall"].n == 12 and by["qval_recall"].lmeval.key == "exact_match,first-number"
+    assert by["qval_prose_rolling"].kind == "loglik" and by["qval_prose_rolling"].drop.drop == 0.0
     for s in by.values():
-        assert s["drop"]["drop"] == 0.0 and s["lmeval"]["reference"] == s["lmeval"]["candidate"]
-        assert s["lmeval"]["qval_reference"] == pytest.approx(s["lmeval"]["reference"], rel=1e-12)  # qval's figure is lm-eval's
+        assert s.drop.drop == 0.0 and s.lmeval.reference == s.lmeval.candidate
+        assert s.lmeval.qval_reference == pytest.approx(s.lmeval.reference, rel=1e-12)  # qval's figure is lm-eval's
     lines = [json.loads(x) for x in (folder / "items.jsonl").read_text().splitlines()]
     choice = [x for x in lines if x["suite"] == "qval_choice"]
     assert len(choice) == 40 and choice[0]["kind"] == "lm-eval:multiple_choice" and choice[0]["excerpt"].endswith("Answer:")
@@ -542,23 +543,23 @@ def test_the_references_accuracy_is_lm_evals_own(identity_run, default_model, pr
     """The done-when of the lm-eval suites: qval's accuracy for the reference on the shipped local
     task equals lm_eval.simple_evaluate's with lm-eval's HFLM on the same model, document by document."""
     (r, _), folder = identity_run
-    by = {s["suite"]: s for s in r.details["suites"]}
+    by = {s.suite: s for s in r.details.suites}
     theirs = _hflm(default_model, "qval_choice", LMEVAL)
     acc = theirs["results"]["qval_choice"]["acc,none"]
-    ours = by["qval_choice"]["drop"]["ref_accuracy"]
+    ours = by["qval_choice"].drop.ref_accuracy
     print(f"\nqval_choice, 40 documents: qval's reference accuracy {ours!r}, lm-eval HFLM acc {acc!r}")
-    assert ours == acc == by["qval_choice"]["lmeval"]["reference"]
+    assert ours == acc == by["qval_choice"].lmeval.reference
     marks = {str(s["doc_id"]): bool(s["acc"]) for s in theirs["samples"]["qval_choice"]}
     items = {x["id"]: x["ref_right"] for x in map(json.loads, (folder / "items.jsonl").read_text().splitlines())
              if x["suite"] == "qval_choice"}
     assert items == marks and len(marks) == 40
 
     theirs = _hflm(default_model, "qval_recall", LMEVAL, limit=12)
-    assert by["qval_recall"]["drop"]["ref_accuracy"] == theirs["results"]["qval_recall"]["exact_match,first-number"]
+    assert by["qval_recall"].drop.ref_accuracy == theirs["results"]["qval_recall"]["exact_match,first-number"]
     assert {x["id"]: x["ref_answer"] for x in map(json.loads, (folder / "items.jsonl").read_text().splitlines())
             if x["suite"] == "qval_recall"} == {str(s["doc_id"]): s["filtered_resps"][0] for s in theirs["samples"]["qval_recall"]}
     theirs = _hflm(default_model, "qval_prose_rolling", prose_task, max_length=128)
-    assert by["qval_prose_rolling"]["drop"]["ref_value"] == pytest.approx(
+    assert by["qval_prose_rolling"].drop.ref_value == pytest.approx(
         theirs["results"]["qval_prose_rolling"]["word_perplexity,none"], rel=1e-5)
 
 
@@ -572,14 +573,14 @@ def test_a_chat_templated_task_is_lm_evals_own_with_apply_chat_template(default_
     cfg = _cfg(_suite(limit=10, chat_template=True), _suite(lm_eval="qval_recall", limit=6, chat_template=True, margin=0.2))
     r, v = _gate(cfg, HFEngine(m.model, m.tokenizer), HFEngine(m.model, m.tokenizer), m.tokenizer, tmp_path)
     assert r.status == "ok", r.error
-    assert all(s["drop"]["drop"] == 0.0 and s["flipped"] == [] for s in r.details["suites"])  # the identity
+    assert all(s.drop.drop == 0.0 and s.flipped == [] for s in r.details.suites)  # the identity
     items = [json.loads(x) for x in (tmp_path / "items.jsonl").read_text().splitlines()]
     choice = [x for x in items if x["suite"] == "qval_choice"]
     assert choice and all("<|im_start|>assistant" in x["excerpt"] for x in choice), choice[0]["excerpt"]
     for task, limit, key in (("qval_choice", 10, "acc,none"), ("qval_recall", 6, "exact_match,first-number")):
         theirs = _hflm(default_model, task, LMEVAL, limit=limit, apply_chat_template=True)
-        ours = {s["suite"]: s for s in r.details["suites"]}[task]
-        assert ours["drop"]["ref_accuracy"] == theirs["results"][task][key]
+        ours = {s.suite: s for s in r.details.suites}[task]
+        assert ours.drop.ref_accuracy == theirs["results"][task][key]
         if task == "qval_choice":
             assert {x["id"]: x["ref_right"] for x in choice} == {str(s["doc_id"]): bool(s["acc"]) for s in theirs["samples"][task]}
         else:
@@ -682,9 +683,9 @@ def test_a_damaged_candidate_is_rejected_and_a_nan_one_is_nonfinite(default_mode
     ref = HFEngine(m.model, m.tokenizer)
     r, v = _gate(cfg, ref, HFEngine(_damaged(m.model), m.tokenizer), m.tokenizer, tmp_path / "damaged")
     assert r.status == "ok" and not v.approved, [c.reason for c in v.checks]
-    s = r.details["suites"][0]
-    assert s["flipped"] and s["counts"]["ref_only"] > s["counts"]["cand_only"] and s["lmeval"]["candidate"] < s["lmeval"]["reference"]
-    assert s["lmeval"]["qval_candidate"] == s["lmeval"]["candidate"]
+    s = r.details.suites[0]
+    assert s.flipped and s.counts.ref_only > s.counts.cand_only and s.lmeval.candidate < s.lmeval.reference
+    assert s.lmeval.qval_candidate == s.lmeval.candidate
 
     class NaN(HFEngine):
         def logits_pieces(self, input_ids, piece):
