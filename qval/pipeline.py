@@ -38,7 +38,7 @@ from .report import schema, write_reports
 from .snapshot.engine import SnapshotReference
 from .snapshot.fill import fill_gates
 from .snapshot.store import SnapshotStore
-from .stages import RunDir, Stage
+from .stages import KEY_PACKAGES, RunDir, Stage
 from .verdict import GateResult, Verdict, decide
 
 
@@ -145,8 +145,8 @@ class Session:
         return out
 
     def versions(self) -> dict[str, Any]:
-        v = self.env["versions"]
-        return {k: v.get(k) for k in ("torch", "transformers", "nvidia-modelopt", "qval")}
+        v = self.env["versions"]  # stages.versions(), read once per run with the report's environment
+        return {k: v.get(k) for k in KEY_PACKAGES}
 
     @property
     def ref_engine(self) -> Any:

@@ -17,7 +17,6 @@ with identical content; a half-written or unreadable file is a miss, never a wro
 
 from __future__ import annotations
 
-import importlib.metadata as md
 import json
 import time
 from dataclasses import asdict, dataclass
@@ -30,6 +29,7 @@ from .engines.base import Generation
 from .errors import DataError
 from .io import atomic_write_json, hash_json
 from .progress import SILENT
+from .stages import versions
 
 if TYPE_CHECKING:
     from .gates.base import GateContext
@@ -81,16 +81,6 @@ def render_prompts(tokenizer: Any, prompts: list[str]) -> tuple[list[list[int]],
     return ids, how
 
 
-def _versions() -> dict[str, str | None]:
-    out: dict[str, str | None] = {}
-    for pkg in ("torch", "transformers", "qval"):
-        try:
-            out[pkg] = md.version(pkg)
-        except md.PackageNotFoundError:
-            out[pkg] = None
-    return out
-
-
 def generation_inputs(ctx: "GateContext", kind: str, prompts: list[list[int]], settings: GenerationSettings) -> dict[str, Any]:
     """Everything the reference's tokens depend on; its hash is the cache key."""
     engine = ctx.reference.describe()
@@ -110,7 +100,8 @@ def generation_inputs(ctx: "GateContext", kind: str, prompts: list[list[int]], s
         "prompts": hash_json(prompts),
         "prompt_count": len(prompts),
         "settings": asdict(settings),
-        "versions": _versions(),
+        # the reference decodes without ModelOpt: its generations are keyed by the libraries that run it
+        "versions": versions(("torch", "transformers", "qval")),
     }
 
 

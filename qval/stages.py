@@ -15,6 +15,7 @@ stages. The kernel drops the lock when its holder dies, so a killed run never bl
 from __future__ import annotations
 
 import fcntl
+import importlib.metadata as md
 import os
 import shutil
 import sys
@@ -28,6 +29,21 @@ from .errors import StageError, StorageError
 from .io import atomic_write_json, hash_json, read_json, sha256_file
 
 LOCK_FILE = ".qval.lock"
+
+#: the libraries whose versions key a stage that runs the models (calibration, the export, the gates, the snapshot)
+KEY_PACKAGES = ("torch", "transformers", "nvidia-modelopt", "qval")
+
+
+def versions(packages: tuple[str, ...] = KEY_PACKAGES) -> dict[str, str | None]:
+    """The installed version of each package (None where it is not installed): the one place every key and
+    report reads library versions from."""
+    out: dict[str, str | None] = {}
+    for pkg in packages:
+        try:
+            out[pkg] = md.version(pkg)
+        except md.PackageNotFoundError:
+            out[pkg] = None
+    return out
 DONE_FILE = "done.json"
 
 

@@ -97,3 +97,21 @@ def test_a_damaged_file_is_regenerated_not_trusted(tmp_path: Path) -> None:
 def test_render_prompts_raw_without_a_chat_template() -> None:
     ids, how = render_prompts(FakeTokenizer(), ["ab", "c"])
     assert how == "raw" and ids == [[ord("a") % 60, ord("b") % 60], [ord("c") % 60]]
+
+
+def test_library_versions_are_read_in_one_place_and_key_the_generations(tmp_path: Path, monkeypatch) -> None:
+    """The generation cache, the stage keys and the report read versions through stages.versions: the
+    reference's generations are keyed by torch, transformers and qval (not ModelOpt, which it never runs),
+    and another version of one of them is a miss."""
+    import importlib.metadata as md
+
+    from qval import stages
+
+    assert stages.versions(("torch", "no-such-package-qval")) == {"torch": md.version("torch"), "no-such-package-qval": None}
+    ref = FakeEngine(walk)
+    settings = GenerationSettings(new_tokens=4, suppress_eos=True, batch_size=2)
+    first = cached_generations(ctx_for(tmp_path, ref), "bleu", PROMPTS, settings)
+    assert json.loads(first.path.read_text())["inputs"]["versions"] == stages.versions(("torch", "transformers", "qval"))
+    real = md.version
+    monkeypatch.setattr(md, "version", lambda pkg: "0.0-other" if pkg == "transformers" else real(pkg))
+    assert cached_generations(ctx_for(tmp_path, ref), "bleu", PROMPTS, settings).hit is False

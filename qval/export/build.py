@@ -8,7 +8,6 @@ run after `qval build` reuses them instead of exporting again.
 
 from __future__ import annotations
 
-import importlib.metadata as md
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -18,6 +17,7 @@ from pydantic import ValidationError
 from ..engines.registry import ExportOptions  # noqa: F401  (declared with the backends' names; re-exported here)
 from ..errors import ConfigError, StageError
 from ..io import atomic_write_json, file_fingerprint, hash_json, read_json
+from ..stages import versions
 from .fidelity import as_exported, check_fidelity
 from .hf import EXPORT_MARKER, calibrated_copy, export_checkpoint, export_dtype, is_current
 
@@ -41,16 +41,6 @@ class BuildResult:
         return bool(self.fidelity.get("passed"))
 
 
-def _versions() -> dict[str, str | None]:
-    out: dict[str, str | None] = {}
-    for pkg in ("torch", "transformers", "nvidia-modelopt", "qval"):
-        try:
-            out[pkg] = md.version(pkg)
-        except md.PackageNotFoundError:
-            out[pkg] = None
-    return out
-
-
 def build_export(cfg: "GateConfig", reference: "LoadedModel", calib_state: Path | None, run_dir: Path,
                  options: ExportOptions, log: Any = print) -> BuildResult:
     """Export (or reuse the export) and run (or reuse) the fidelity check."""
@@ -62,7 +52,7 @@ def build_export(cfg: "GateConfig", reference: "LoadedModel", calib_state: Path 
     folder = Path(run_dir) / EXPORT_FOLDER
     dtype = export_dtype(reference, options.dtype)
     key = hash_json({"calibration": file_fingerprint(Path(calib_state)), "dtype": str(dtype), "quant": cfg.quant.model_dump(mode="json"),
-                     "trtllm": options.trtllm_checkpoint, "tp_size": options.tp_size, "versions": _versions()})
+                     "trtllm": options.trtllm_checkpoint, "tp_size": options.tp_size, "versions": versions()})
     cached = is_current(folder, key)
     if not cached:
         log(f"build: exporting {cfg.quant.format.value} (KV cache {cfg.quant.kv_cache.value}) to {folder} …")
