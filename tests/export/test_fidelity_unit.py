@@ -88,7 +88,7 @@ def test_the_export_gate_returns_its_type_and_reads_back_the_same():
 
 def test_a_failed_fidelity_check_rejects_and_report_md_notes_it():
     from qval.judges.export_fidelity import thresholds
-    from qval.report.markdown import export_fidelity_section
+    from qval.report.sections import export_fidelity
     from qval.verdict import decide
 
     checks = _fidelity()["checks"]
@@ -96,7 +96,7 @@ def test_a_failed_fidelity_check_rejects_and_report_md_notes_it():
     r = _run_gate(_fidelity(passed=False, checks=checks, totals={**_fidelity()["totals"], "mismatches": 3}))
     v = decide({"export_fidelity": r}, thresholds(None, r))  # type: ignore[arg-type]
     assert not v.approved and {c.metric for c in v.failures} == {"failed_checks", "weight_mismatches"}
-    lines = "\n".join(export_fidelity_section(r.to_dict()))
+    lines = "\n".join(export_fidelity.markdown(r.to_dict()))
     assert "| failed_checks | 1 |" in lines and "Note: weights_equal: 3 weights decode to another value" in lines
 
 

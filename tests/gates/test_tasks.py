@@ -250,16 +250,15 @@ def test_the_gate_runs_a_golden_choice_suite_on_the_fake_engine(tmp_path: Path):
 
 
 def test_report_shows_suites_and_flips():
-    from qval.report.html import tasks_plots
-    from qval.report.markdown import tasks_section
+    from qval.report.sections import tasks
 
     cfg = _cfg({"builtin": "choice", "margin": 0.15})
     ref = [True] * 30 + [False] * 10
     r = summarize(cfg, [_suite("choice", ref, [x and i % 4 != 0 for i, x in enumerate(ref)])], 2.5)
     g = r.to_dict()
-    md = "\n".join(tasks_section(g))
+    md = "\n".join(tasks.markdown(g))
     assert "| choice (builtin:choice) | 40 |" in md and "Items the two models mark differently" in md and "2.5 s" in md
-    html = tasks_plots(g)
+    html = tasks.html(g)
     assert "<img" in html and "reference answered" in html
 
 

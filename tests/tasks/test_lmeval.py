@@ -364,7 +364,7 @@ def test_a_failing_task_is_a_data_error_and_a_failing_engine_is_not(tmp_path, to
 def test_the_gate_on_flat_engines_notes_a_short_task_and_finds_it_uninformative(tmp_path, tokenizer):
     """The whole gate path without a model: equal logits make every option tie, lm-eval then picks
     the first, which is right on a quarter of the shipped questions: exactly chance."""
-    from qval.report.markdown import tasks_section
+    from qval.report.sections import tasks
 
     cfg = _cfg(_suite(limit=50))
     flat = FlatEngine(len(tokenizer))
@@ -373,7 +373,7 @@ def test_the_gate_on_flat_engines_notes_a_short_task_and_finds_it_uninformative(
     s = r.details.suites[0]
     assert s.n == 40 and s.drop.ref_accuracy == 0.25 == s.lmeval.reference and s.lmeval.max_length == 2048
     note = "gates.tasks.suites[0].limit: asked for 50 documents of task qval_choice, the data holds 40 (20% short)"
-    assert r.details.shortfall == note and f"Note: {note}." in "\n".join(tasks_section(r.to_dict()))
+    assert r.details.shortfall == note and f"Note: {note}." in "\n".join(tasks.markdown(r.to_dict()))
     check = decide({"tasks": r}, GATES.get("tasks").thresholds(cfg, r)).checks[0]
     assert check.outcome == "uninformative" and "answers 10 of 40 items of suite qval_choice" in check.reason
 
@@ -389,8 +389,7 @@ def _score_entry(label, kind, rows, metric, **info):
 
 
 def test_scores_pair_by_mean_difference_and_perplexities_by_their_log_ratio():
-    from qval.report.html import tasks_plots
-    from qval.report.markdown import tasks_section
+    from qval.report.sections import tasks
 
     ref = [0.9, 0.8, 0.7, 0.6] * 5
     rows = lambda cand: [{"id": str(i), "excerpt": "…", "expected": "x", "ref_answer": "r", "cand_answer": "c",  # noqa: E731
@@ -429,10 +428,10 @@ def test_scores_pair_by_mean_difference_and_perplexities_by_their_log_ratio():
     by = {s.suite: s for s in r.details.suites}
     assert by["ppl"].drop.unit.startswith("ln(perplexity_candidate / perplexity_reference)") and "per word" in by["ppl"].drop.unit
     assert len(by["f1ish"].largest_drops) == 5 and by["f1ish"].largest_drops[0].item_drop == pytest.approx(0.1)
-    md = "\n".join(tasks_section(r.to_dict()))
+    md = "\n".join(tasks.markdown(r.to_dict()))
     assert "Suites scored per document" in md and "| ppl (lm-eval:ppl) | 4 | word_perplexity,none |" in md
     assert "Documents whose score dropped most" in md and "lm-eval: reference" in md
-    html = tasks_plots(r.to_dict())
+    html = tasks.html(r.to_dict())
     assert "bits per byte: candidate − reference" in html and "<img" not in html  # no accuracy bars without a right/wrong suite
 
 
@@ -531,9 +530,9 @@ def test_the_identity_candidate_has_no_flips_and_passes(identity_run):
         (LMEVAL / "qval_choice.jsonl").read_text().splitlines()[int(x["id"])])["choices"]}
     recall = [x for x in lines if x["suite"] == "qval_recall"]
     assert all(x["expected"].isdigit() for x in recall) and any(x["ref_right"] for x in recall)
-    from qval.report.markdown import tasks_section
+    from qval.report.sections import tasks
 
-    md = "\n".join(tasks_section(r.to_dict()))
+    md = "\n".join(tasks.markdown(r.to_dict()))
     assert "| qval_choice (lm-eval:qval_choice) | 40 | 0.25 |" in md
     assert "qval_choice (multiple_choice, acc,none, 0-shot)" in md and "qval_recall (generate_until, exact_match,first-number, 0-shot, first 12 documents)" in md
 
