@@ -94,7 +94,7 @@ def kv_entry(new_tokens: int, batch: int, device: str) -> dict[str, Any]:
     if device == "cuda":
         entry.prequantize_kv(on_gpu=True)  # qval does not on a GPU (this comparison is why)
     ds = load_dataset(str(ROOT / "calib_data/longgen_prompts.jsonl"))
-    prompts, _ = render_prompts(s.tokenizer, [r["prompt"] for r in ds.records[:batch]])  # gate 3's prompts and rendering
+    prompts, _ = render_prompts(s.ref.tokenizer, [r["prompt"] for r in ds.records[:batch]])  # gate 3's prompts and rendering
     out: dict[str, Any] = {"device": device, "notes": entry.describe()["notes"], "threads": torch.get_num_threads(), "batch": len(prompts),
                            "new_tokens": new_tokens, "entry_layers": len(entry.kv_quantizers)}
     runs = [("entry", entry), ("modelopt", modelopt)] + ([("modelopt_again", modelopt)] if device == "cuda" else [])

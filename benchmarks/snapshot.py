@@ -102,7 +102,7 @@ def k_checks(checks: list[str], ks: list[int], tokens: int | None, out: Path) ->
                     "agreement": cfg.gates.agreement.model_copy(update={"tokens": tokens})})})
             s = pipeline.Session(config=cfg, run=RunDir(out, cfg.name), progress=pipeline.SILENT)
             cand = pipeline.build(s, pipeline.calibrate(s, alpha))
-            results.append({"check": path, **k_table(s.ref_engine, cand, cfg, s.tokenizer, ks, cfg.name)})
+            results.append({"check": path, **k_table(s.ref.engine, cand, cfg, s.ref.tokenizer, ks, cfg.name)})
             del cand, s
     return results
 
@@ -214,7 +214,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if not args.checks and not args.shape:
         ap.error("k: give shipped checks or --shape")
-    rows = k_random(args.shape, args.tokenizer, args.k, Path(args.out)) if args.shape else k_checks(args.checks, args.k, args.tokens, Path(args.out))
+    rows = k_random(args.shape, args.ref.tokenizer, args.k, Path(args.out)) if args.shape else k_checks(args.checks, args.k, args.tokens, Path(args.out))
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=1))
     return 0

@@ -109,7 +109,7 @@ def main(argv: list[str] | None = None) -> int:
                     "agreement": cfg.gates.agreement.model_copy(update={"tokens": args.tokens})})})
             s = pipeline.Session(config=cfg, run=RunDir(Path(args.out), cfg.name), progress=pipeline.SILENT)
             cand = pipeline.build(s, pipeline.calibrate(s, alpha))
-            rows.append({"check": path, **k_table(s.ref_engine, cand, cfg, s.tokenizer, args.k, cfg.name, tuple(args.sides))})
+            rows.append({"check": path, **k_table(s.ref.engine, cand, cfg, s.ref.tokenizer, args.k, cfg.name, tuple(args.sides))})
             del cand, s
     if args.json:
         Path(args.json).write_text(json.dumps({"rows": rows}, indent=1))

@@ -55,7 +55,7 @@ def calibration_batches(s: Any, batch_size: int | None = None) -> tuple[list[tor
     """The calibration samples in batches: of `batch_size` (the size a finished calibration
     recorded), else of the config's, `auto` deciding from the free memory now."""
     c = s.config.calibration
-    samples, info = calibration_samples(s.config, s.reference.tokenizer)
+    samples, info = calibration_samples(s.config, s.ref.tokenizer)
     bs = batch_size or (auto_batch_size(s) if c.batch_size == "auto" else c.batch_size)
     batches = [torch.tensor(samples[i : i + bs]) for i in range(0, len(samples), bs)]
     return batches, {**info, "batch_size": bs}
@@ -64,10 +64,10 @@ def calibration_batches(s: Any, batch_size: int | None = None) -> tuple[list[tor
 def auto_batch_size(s: Any) -> int:
     """4 on CPU (more does not speed up 2 cores); on a GPU as many samples as fit in a quarter
     of free memory, counting the float32 logits, which dominate for large vocabularies."""
-    if s.reference.device != "cuda":
+    if s.ref.model.device != "cuda":
         return 4
     free, _ = torch.cuda.mem_get_info()
-    vocab = s.reference.model.config.vocab_size
+    vocab = s.ref.model.model.config.vocab_size
     per_sample = s.config.calibration.seq_len * vocab * 4 * 3
     return int(max(1, min(32, free // 4 // per_sample)))
 

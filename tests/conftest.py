@@ -29,7 +29,7 @@ def patch_reference(monkeypatch, default_model):
     """Make every pipeline Session reuse the session's loaded model instead of reloading it."""
     from qval import pipeline
 
-    monkeypatch.setattr(pipeline, "load_model", lambda cfg: default_model)
+    monkeypatch.setattr("qval.run_reference.load_model", lambda cfg: default_model)
     return default_model
 
 

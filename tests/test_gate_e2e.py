@@ -94,7 +94,7 @@ def test_interrupted_run_resumes_without_recalibrating(tmp_path, patch_reference
     assert (run / "calibrate/done.json").exists() and (run / "calibrate/quant_state.pt").exists()
     assert not (run / "gate_agreement/done.json").exists() and not (run / "report.json").exists()
     monkeypatch.undo()
-    monkeypatch.setattr("qval.pipeline.load_model", lambda cfg: patch_reference)
+    monkeypatch.setattr("qval.run_reference.load_model", lambda cfg: patch_reference)
 
     # 2) the re-run must not calibrate again
     def no_quantize(*a, **k):
@@ -107,7 +107,7 @@ def test_interrupted_run_resumes_without_recalibrating(tmp_path, patch_reference
     assert report["stages"]["gate_agreement"]["cached"] is False
 
     # 3) a third run reuses everything and loads no model at all
-    monkeypatch.setattr("qval.pipeline.load_model", lambda cfg: (_ for _ in ()).throw(AssertionError("loaded")))
+    monkeypatch.setattr("qval.run_reference.load_model", lambda cfg: (_ for _ in ()).throw(AssertionError("loaded")))
     code, report2, out = gate(tmp_path, data)
     assert code in (0, 1), out
     assert all(s["cached"] for s in report2["stages"].values())

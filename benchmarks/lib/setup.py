@@ -138,7 +138,7 @@ def calibrate_and_build(loaded: Any, cfg: Any) -> Built:
                          loader=lambda: loaded)
     calib = pipeline.calibrate(s)
     candidate = pipeline.build(s, calib)
-    return Built(s.ref_engine, candidate, {"calibration": calib.meta() if calib else None, "stages": s.run.log})
+    return Built(s.ref.engine, candidate, {"calibration": calib.meta() if calib else None, "stages": s.run.log})
 
 
 def fresh_engine(engine: Any) -> Any:

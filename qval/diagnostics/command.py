@@ -34,7 +34,7 @@ def diagnose_run(cfg: Any, progress: Any, out_dir: str | None, alpha: float | No
     calib = pipeline.calibrate(s, alpha)
     diagnostics = run_diagnostics(s, calib, cfg.diagnostics.sensitivity != "never")
     diagnostics["layers_csv"] = "layers.csv"
-    page = schema.diagnostics_page(cfg, reference=s.reference_described(), calibration=calib.meta(), diagnostics=diagnostics,
+    page = schema.diagnostics_page(cfg, reference=s.ref.described(), calibration=calib.meta(), diagnostics=diagnostics,
                                    stages=s.run.log, environment=s.env)
     atomic_write_text(s.run.path / "layers.csv", layers_csv(diagnostics["layers"]))
     atomic_write_json(s.run.path / "diagnostics.json", page)

@@ -35,11 +35,11 @@ def restore_unfolded(s: "Session", calib: "Stage") -> torch.nn.Module:
     """The calibrated candidate with its weight quantizers still live (fakequant folds them). A
     sequential run (one model in memory) restores onto the reference's own weights in place, and
     the reference leaves the session: what diagnostics needs of it was taken before (`run_diagnostics`)."""
-    if s.sequential:
-        model = s.reference.model
-        s.release_reference("its weights carry the diagnostics' unfolded candidate now")
+    if s.ref.sequential:
+        model = s.ref.model.model
+        s.ref.release("its weights carry the diagnostics' unfolded candidate now")
         return restore_state(model, calib.path / "quant_state.pt").eval()
-    model = restore_state(copy.deepcopy(s.reference.model), calib.path / "quant_state.pt")
+    model = restore_state(copy.deepcopy(s.ref.model.model), calib.path / "quant_state.pt")
     return model.eval()
 
 
@@ -65,7 +65,7 @@ def slice_ctx(cfg: Any) -> int:
 def slice_chunks(s: "Session") -> list[list[int]]:
     g, d = s.config.gates.agreement, s.config.diagnostics
     ds = load_dataset(g.dataset, s.config.resolve(g.dataset))
-    tok = s.tokenizer
+    tok = s.ref.tokenizer
     ctx = slice_ctx(s.config)
     chunks = chunk(token_stream(ds.texts(), tok, tok.eos_token_id), ctx, limit=d.slice_chunks)
     if not chunks:
@@ -75,7 +75,7 @@ def slice_chunks(s: "Session") -> list[list[int]]:
 
 
 def _key_inputs(s: "Session", calib: "Stage") -> dict[str, Any]:
-    return {"calibration": calib.key, "model": s.reference_identity(), "versions": s.versions(), "seed": s.config.seed}
+    return {"calibration": calib.key, "model": s.ref.identity(), "versions": s.versions(), "seed": s.config.seed}
 
 
 def run_diagnostics(s: "Session", calib: "Stage | None", want_sensitivity: bool) -> dict[str, Any] | None:
@@ -93,7 +93,7 @@ def run_diagnostics(s: "Session", calib: "Stage | None", want_sensitivity: bool)
     todo = [st for st in (diag, sens) if st is not None and not st.is_done()]
     # everything the stages need of the reference, before the candidate is restored (in a sequential
     # run onto the reference's own weights): its device, the calibration batches, the slices' logits
-    device = s.reference.device if todo else None
+    device = s.ref.model.device if todo else None
     if diag in todo:
         torch.manual_seed(s.config.seed)
         # the calibration's own batches: `batch_size: auto` decided again now would follow the free
@@ -128,9 +128,9 @@ def _scorer(s: "Session", device: str) -> sensitivity.SliceScorer:
     """The slices' reference logits, computed now: from the model, or in a sequential run through
     the snapshot (stored compactly, without the full logits: one model in memory, and the next run
     reads them back); their KLD is then the snapshot's estimate."""
-    logits = s.ref_engine.logits
-    if s.sequential:
-        snap = s.gate_reference(s.run.path.parent / ".reference")
+    logits = s.ref.engine.logits
+    if s.ref.sequential:
+        snap = s.ref.for_gates(s.run.path.parent / ".reference")
         logits = lambda x: replace(snap.logits(x), source=None)  # noqa: E731
     return sensitivity.SliceScorer(logits, slice_chunks(s), device, batch_size=s.config.gates.agreement.batch_size)
 

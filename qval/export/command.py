@@ -25,9 +25,9 @@ def run_build(cfg: GateConfig, progress: Any, out_dir: str | None, alpha: float 
     report is also written as `<run>/build.json` beside the stages."""
     if not cfg.quant.spec.quantizes:
         raise StageError(f"{cfg.source_file}: quant.format is {cfg.quant.format.value}; there is no quantized checkpoint to build.")
-    s = pipeline.Session(config=cfg, run=RunDir(Path(out_dir or cfg.report.dir), cfg.name), progress=progress, _reference=reference)
+    s = pipeline.Session(config=cfg, run=RunDir(Path(out_dir or cfg.report.dir), cfg.name), progress=progress, loaded=reference)
     stage = pipeline.calibrate(s, alpha)
-    result = build_export(cfg, s.reference, stage.path / "quant_state.pt" if stage else None, s.run.path, options, progress.log)
+    result = build_export(cfg, s.ref.model, stage.path / "quant_state.pt" if stage else None, s.run.path, options, progress.log)
     atomic_write_json(s.run.path / "build.json", {"config": cfg.name, "export": result.export,
                                                   "fidelity": fidelity_summary(result.fidelity), "passed": result.passed})
     return result

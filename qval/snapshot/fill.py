@@ -19,7 +19,7 @@ def fill_gates(s: Any, shared: Path) -> dict[str, Any]:
     outputs), so it asks the reference exactly what it asks with a real candidate; its figures are
     discarded. What depends on a real candidate's output (the judge of its text, the answers where
     the two disagree) cannot be stored in advance. Returns each gate's use of the snapshot."""
-    reference = s.gate_reference(shared)
+    reference = s.ref.for_gates(shared)
     mirror = MirrorCandidate(reference)
     gates: dict[str, Any] = {}
     done: dict[str, Any] = {}
@@ -33,8 +33,8 @@ def fill_gates(s: Any, shared: Path) -> dict[str, Any]:
                 folder.mkdir()
                 torch.manual_seed(s.config.seed)
                 with PhaseMemory() as mem:
-                    ctx = GateContext(config=s.config, reference=reference, candidate=mirror, tokenizer=s.tokenizer, folder=folder,
-                                      shared_cache=shared, reference_fingerprint=s.reference.fingerprint, progress=s.progress,
+                    ctx = GateContext(config=s.config, reference=reference, candidate=mirror, tokenizer=s.ref.tokenizer, folder=folder,
+                                      shared_cache=shared, reference_fingerprint=s.ref.fingerprint, progress=s.progress,
                                       upstream=done)
                     result = spec.run(ctx)
                 result.folder = folder  # gate 2 reads gate 1's positions through `done` (GateContext.upstream)

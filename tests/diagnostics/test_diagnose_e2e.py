@@ -37,7 +37,7 @@ def fp8_kv8(tmp_path_factory, default_model):
     from qval import pipeline
 
     mp = pytest.MonkeyPatch()
-    mp.setattr(pipeline, "load_model", lambda cfg: default_model)
+    mp.setattr("qval.run_reference.load_model", lambda cfg: default_model)
     tmp = tmp_path_factory.mktemp("diag")
     data = small_config("fp8kv8", fmt="fp8", kv="fp8", diagnostics={"batches": 1, "sensitivity": "never"})
     data["calibration"].update(samples=2, seq_len=64, batch_size=2)
@@ -101,7 +101,7 @@ def planted(tmp_path_factory, default_model):
     from qval.quantize.formats import FORMATS
 
     mp = pytest.MonkeyPatch()
-    mp.setattr(pipeline, "load_model", lambda cfg: default_model)
+    mp.setattr("qval.run_reference.load_model", lambda cfg: default_model)
     spec = FORMATS.get("int4_awq")
 
     def fewer_alphas(preset, q, alpha):  # AWQ-lite tries 11 strengths per layer; 3 are enough for a test
@@ -183,7 +183,7 @@ def test_diagnostics_take_the_calibrations_batches_whatever_the_free_memory_now(
     from qval import calibration, pipeline
 
     sizes = iter([2])
-    monkeypatch.setattr(pipeline, "load_model", lambda cfg: default_model)
+    monkeypatch.setattr("qval.run_reference.load_model", lambda cfg: default_model)
     monkeypatch.setattr(calibration, "auto_batch_size", lambda s: next(sizes, 1))
     data = small_config("autobs", fmt="fp8", diagnostics={"batches": 1, "sensitivity": "never"})
     data["calibration"].update(samples=4, seq_len=32, batch_size="auto")

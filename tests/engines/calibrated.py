@@ -62,7 +62,7 @@ def calibrated_state(reference: Any, fmt: str, kv: str = "fp16") -> Path:
 
     if (fmt, kv) not in _STATES:
         cfg = gate_config(f"calib-{fmt}-{kv}", fmt, kv)
-        s = Session(config=cfg, run=RunDir(_DIR, cfg.name), progress=SILENT, _reference=reference)
+        s = Session(config=cfg, run=RunDir(_DIR, cfg.name), progress=SILENT, loaded=reference)
         with fewer_awq_alphas():
             stage = calibrate(s)
         _STATES[(fmt, kv)] = stage.path / "quant_state.pt"

@@ -22,7 +22,7 @@ def samplers() -> list[threading.Thread]:
 
 @pytest.mark.parametrize("where", ["build", "gate_reference"])
 def test_a_gate_that_fails_before_it_runs_leaves_no_sampler(tmp_path, monkeypatch, where):
-    monkeypatch.setattr(pipeline, "load_model", lambda cfg: toy_reference())
+    monkeypatch.setattr("qval.run_reference.load_model", lambda cfg: toy_reference())
     monkeypatch.setattr(preflight, "reference_tokenizer", lambda cfg: ByteTokenizer())
 
     def fails(*args, **kwargs):
@@ -31,7 +31,7 @@ def test_a_gate_that_fails_before_it_runs_leaves_no_sampler(tmp_path, monkeypatc
     if where == "build":
         monkeypatch.setattr(pipeline, "build", fails)
     else:
-        monkeypatch.setattr(pipeline.Session, "gate_reference", fails)
+        monkeypatch.setattr("qval.run_reference.RunReference.for_gates", fails)
     before = samplers()
     out = clean_error("gate", "--config", write_config(tmp_path, toy_config(tmp_path, 2000)), "--out", tmp_path / "r", "-q")
     assert f"{where} failed (a test)" in out

@@ -64,7 +64,7 @@ def toy_config(tmp_path, text_bytes: int, **top) -> dict:
 
 @pytest.fixture
 def toy(monkeypatch):
-    monkeypatch.setattr(pipeline, "load_model", lambda cfg: toy_reference())
+    monkeypatch.setattr("qval.run_reference.load_model", lambda cfg: toy_reference())
     monkeypatch.setattr(preflight, "reference_tokenizer", lambda cfg: ByteTokenizer())
 
 

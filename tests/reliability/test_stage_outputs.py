@@ -90,8 +90,7 @@ def test_gate_loop_recomputes_a_truncated_or_missing_output(tmp_path, monkeypatc
     cfg = parse_config(small_config("cand"))
 
     def session() -> pipeline.Session:
-        return pipeline.Session(config=cfg, run=RunDir(tmp_path, "cand"), progress=SILENT, _reference=toy_reference(),
-                                _ref_engine=object())
+        return pipeline.Session(config=cfg, run=RunDir(tmp_path, "cand"), progress=SILENT, loaded=toy_reference())
 
     pipeline.run_gates(session(), None)
     s = session()
@@ -108,7 +107,7 @@ def test_gate_loop_recomputes_a_truncated_or_missing_output(tmp_path, monkeypatc
 
 
 def test_calibrate_after_quant_state_was_removed_recalibrates(tmp_path, monkeypatch):
-    monkeypatch.setattr(pipeline, "load_model", lambda cfg: toy_reference())
+    monkeypatch.setattr("qval.run_reference.load_model", lambda cfg: toy_reference())
     cfg = write_config(tmp_path, small_config("toy", calibration=tiny_calibration(tmp_path)))
     args = ("calibrate", "--config", cfg, "--out", tmp_path / "r", "-q")
     code, out = cli(*args)

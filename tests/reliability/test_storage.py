@@ -95,7 +95,7 @@ def test_calibrate_on_a_full_disk_through_the_cli(tmp_path, tmpfs, monkeypatch):
 
     real_save = modelopt_adapter.save_state
     big = torch.nn.Linear(1024, 1024)  # 4 MiB of weights: more than the 1 MiB disk holds
-    monkeypatch.setattr(pipeline, "load_model", lambda cfg: toy_reference())
+    monkeypatch.setattr("qval.run_reference.load_model", lambda cfg: toy_reference())
     monkeypatch.setattr(modelopt_adapter, "save_state", lambda model, ref, path: real_save(big, {}, path))
     cfg = write_config(tmp_path, small_config("toy", calibration=tiny_calibration(tmp_path)))
     out = clean_error("calibrate", "--config", cfg, "--out", tmpfs, "-q")

@@ -25,7 +25,7 @@ def no_model_load(monkeypatch):
     def refuse(cfg):  # noqa: ANN001, ANN202
         raise AssertionError("a model was loaded")
 
-    monkeypatch.setattr(pipeline, "load_model", refuse)
+    monkeypatch.setattr("qval.run_reference.load_model", refuse)
     monkeypatch.setattr(models, "load_model", refuse)  # qval sweep loads its reference from here
 
 

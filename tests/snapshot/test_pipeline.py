@@ -73,7 +73,7 @@ def test_sequential_run_equals_both_in_memory(tmp_path, default_model, monkeypat
         loads.append(1)
         return dataclasses.replace(default_model, model=copy.deepcopy(default_model.model))
 
-    monkeypatch.setattr(pipeline, "load_model", load)
+    monkeypatch.setattr("qval.run_reference.load_model", load)
     monkeypatch.setattr(concurrent, "can_pair", lambda engines: False)
     _, both, out = invoke(tmp_path, "gate", config("both"))
     assert both, out
@@ -100,7 +100,7 @@ def test_sequential_diagnostics_hold_one_model(tmp_path, default_model, monkeypa
     in-memory run's to the last digit, the ranking's KLDs the snapshot's estimates of the same.
     (Before: the diagnostics deep-copied the reference beside it — two models in memory.)"""
     real_deepcopy = copy.deepcopy
-    monkeypatch.setattr(pipeline, "load_model",  # each load a fresh copy of the session's model
+    monkeypatch.setattr("qval.run_reference.load_model",  # each load a fresh copy of the session's model
                         lambda cfg: dataclasses.replace(default_model, model=real_deepcopy(default_model.model)))
     diag = {"enabled": True, "batches": 1, "sensitivity": "always", "slice_chunks": 1, "slice_ctx": 64}
     code, _, out = invoke(tmp_path, "diagnose", config("both", diagnostics=diag))

@@ -30,7 +30,7 @@ def toy_gate_config(tmp_path: Path, name: str, fmt: str = "none") -> Path:
 
 @pytest.fixture
 def toy(monkeypatch):
-    monkeypatch.setattr(pipeline, "load_model", lambda cfg: toy_reference())
+    monkeypatch.setattr("qval.run_reference.load_model", lambda cfg: toy_reference())
     monkeypatch.setattr(preflight, "reference_tokenizer", lambda cfg: ByteTokenizer())
 
 
