@@ -12,6 +12,7 @@ from pydantic import Discriminator, Tag, model_validator
 from .base import Block, Details, Num
 from .retrieval import Counts, NonInferiority
 
+
 class Item(Block):
     """One item as report.md lists it: a flipped item of a right/wrong suite (its marks) or one of a scored
     suite's largest drops (its scores, `item_drop`). The scorer decides which fields it has: a choice item
