@@ -37,10 +37,9 @@ def _informative(suite: TaskSuite, s: Suite | None) -> tuple[bool, str | None]:
     (1 − α) Wilson lower bound exceeds it): a task the reference cannot do shows no loss."""
     if s is None:
         return True, None  # the check fails for the missing result, as any other
-    if isinstance(s.drop, ScoreDrop):
-        return _score_informative(suite, s, s.drop)
-    assert s.counts is not None  # a right/wrong suite has its table (Suite's validator)
-    c = PairedCounts(**s.counts.to_dict())
+    if s.scored:
+        return _score_informative(suite, s, s.score)
+    c = PairedCounts(**s.marks[1].to_dict())
     chance = suite.chance if suite.chance is not None else s.default_chance  # the config's, even on a stored result
     if informative(c.ref_correct, c.n, chance, suite.alpha):
         return True, None
@@ -68,8 +67,7 @@ def thresholds(cfg: GateConfig, result: GateResult | None) -> list[Threshold]:
         s = _suite_result(result, suite.label)
         ok, why = _informative(suite, s)
         det = s.drop.detectable_drop if s else None
-        what = ("accuracy drop (reference − candidate)" if s is None or not isinstance(s.drop, ScoreDrop)
-                else f"drop in {s.drop.unit}")
+        what = "accuracy drop (reference − candidate)" if s is None or not s.scored else f"drop in {s.score.unit}"
         out.append(Threshold("tasks", f"{drop.key}@{suite.label}", drop.op, suite.margin,
                              drop.describe(what=what, suite=suite.label, level=f"{1 - suite.alpha:.0%}"), "absolute",
                              det, on=drop.on, informative=ok, why_uninformative=why, detectable=det))

@@ -135,6 +135,20 @@ class Suite(Block):
         """Marked by a per-document score (a mean or a perplexity) rather than right or wrong."""
         return self.kind in ("mean", "loglik")
 
+    @property
+    def marks(self) -> tuple[NonInferiority, Counts]:
+        """A right/wrong suite's figures: Newcombe's drop and flips, and the paired table."""
+        if not isinstance(self.drop, NonInferiority) or self.counts is None:
+            raise TypeError(f"suite {self.suite!r} is scored per document, not marked right or wrong")
+        return self.drop, self.counts
+
+    @property
+    def score(self) -> ScoreDrop:
+        """A scored suite's figures: the paired drop of its mean score or perplexity."""
+        if not isinstance(self.drop, ScoreDrop):
+            raise TypeError(f"suite {self.suite!r} is marked right or wrong, not scored per document")
+        return self.drop
+
     @model_validator(mode="after")
     def _shape(self) -> "Suite":
         """A right/wrong suite has its paired table and Newcombe's figures; a scored one its score drop."""

@@ -137,3 +137,15 @@ def test_a_suite_whose_figures_are_not_its_kinds_is_refused():
         bad["details"]["suites"] = [{**suite, "kind": kind}]
         with pytest.raises(DataError, match=r"gate tasks's result: .*suites\.0"):
             GateResult.from_dict(bad)
+
+
+def test_a_suite_gives_the_figures_of_its_own_kind_only():
+    details = GateResult.from_dict(json.loads((FIXTURES / "toy_gates.json").read_text(encoding="utf-8"))["gates"]["tasks"]).details
+    binary, scored = details.split()
+    drop, counts = binary[0].marks
+    assert drop.mcnemar_p is not None and counts.ref_only + counts.cand_only == drop.net_loss + counts.cand_only
+    assert scored[0].score.unit
+    with pytest.raises(TypeError, match="scored per document"):
+        scored[0].marks
+    with pytest.raises(TypeError, match="marked right or wrong"):
+        binary[0].score

@@ -14,8 +14,7 @@ from ..html_parts import figure, num, table as html_table
 from ..md_parts import cell_text, table
 from ..numbers import fmt
 from ...results import parse
-from ...results.retrieval import NonInferiority
-from ...results.tasks import ScoreDrop, TasksDetails
+from ...results.tasks import TasksDetails
 
 
 def markdown(g: dict[str, Any]) -> list[str]:
@@ -31,8 +30,7 @@ def markdown(g: dict[str, Any]) -> list[str]:
         lines += ["", "| suite | items | chance | reference [Wilson] | candidate [Wilson] | drop [interval] | detects drops ≥ | "
                   "flips (right→wrong) [exact] | McNemar p | seconds |", "|---|---|---|---|---|---|---|---|---|---|"]
     for s in binary:
-        dr, c = s.drop, s.counts
-        assert isinstance(dr, NonInferiority) and c is not None  # a right/wrong suite's figures (Suite's validator)
+        dr, c = s.marks
         lines.append(f"| {s.suite} ({s.source}) | {s.n} | {fmt(s.chance)} | {fmt(dr.ref_accuracy)} "
                      f"{bracket(*dr.ref_interval)} | {fmt(dr.cand_accuracy)} {bracket(*dr.cand_interval)} | "
                      f"{fmt(dr.drop)} {bracket(dr.lo, dr.hi)} | {fmt(dr.detectable_drop)} | "
@@ -42,8 +40,7 @@ def markdown(g: dict[str, Any]) -> list[str]:
                   "| suite | documents | metric | reference | candidate | drop [interval] | unit of the drop | detects drops ≥ | seconds |",
                   "|---|---|---|---|---|---|---|---|---|"]
         for s in scores:
-            sd = s.drop
-            assert isinstance(sd, ScoreDrop)
+            sd = s.score
             lines.append(f"| {s.suite} ({s.source}) | {s.n} | {s.lmeval.key if s.lmeval else '–'} | "
                          f"{fmt(sd.ref_value)} | {fmt(sd.cand_value)} | {fmt(sd.drop)} "
                          f"{bracket(sd.lo, sd.hi)} | {cell_text(sd.unit, 90)} | "
@@ -75,10 +72,9 @@ def html(g: dict[str, Any]) -> str:
     binary, scores = d.split()
     out = []
     if binary:
-        drops = [s.drop for s in binary]
-        assert all(isinstance(dr, NonInferiority) for dr in drops)  # a right/wrong suite's figures (Suite's validator)
+        marks = [s.marks for s in binary]
         bars = []
-        for s, dr in zip(binary, drops):
+        for s, (dr, _) in zip(binary, marks):
             for who, acc, (lo, hi) in (("reference", dr.ref_accuracy, dr.ref_interval[:2]),
                                        ("candidate", dr.cand_accuracy, dr.cand_interval[:2])):
                 bars.append((f"{s.suite} · {who}", num(acc), num(lo), num(hi)))
@@ -88,14 +84,13 @@ def html(g: dict[str, Any]) -> str:
         out.append(html_table(["suite", "source", "items", "reference", "candidate", "drop", "upper bound", "detects ≥", "flips (right→wrong)",
                           "McNemar p", "seconds"],
                          ([s.suite, s.source, s.n, dr.ref_accuracy, dr.cand_accuracy, dr.drop, dr.hi, dr.detectable_drop,
-                           f"{s.counts.ref_only + s.counts.cand_only} ({s.counts.ref_only})" if s.counts else "–",
-                           dr.mcnemar_p, s.seconds] for s, dr in zip(binary, drops) if isinstance(dr, NonInferiority)),
+                           f"{c.ref_only + c.cand_only} ({c.ref_only})", dr.mcnemar_p, s.seconds] for s, (dr, c) in zip(binary, marks)),
                          [2, 3, 4, 5, 6, 7, 9, 10]))
     if scores:
         out.append('<p class="note">Suites scored per document: the drop is in the unit named.</p>')
         out.append(html_table(["suite", "source", "documents", "metric", "reference", "candidate", "drop", "upper bound", "unit", "detects ≥", "seconds"],
                          ([s.suite, s.source, s.n, s.lmeval.key if s.lmeval else "–", sd.ref_value, sd.cand_value, sd.drop, sd.hi, sd.unit,
-                           sd.detectable_drop, s.seconds] for s in scores if isinstance(sd := s.drop, ScoreDrop)), [2, 4, 5, 6, 7, 9, 10]))
+                           sd.detectable_drop, s.seconds] for s, sd in zip(scores, [s.score for s in scores])), [2, 4, 5, 6, 7, 9, 10]))
     lm = lmeval_rows(d.suites)
     if lm:
         out.append(f'<p class="note">{LMEVAL_NOTE}.</p>')
