@@ -215,6 +215,9 @@ def main() -> None:
     ap.add_argument("--out", required=True)
     ap.add_argument("--healthy", type=int, default=20, help="healthy variants per check (calibration.sample_seed 1..N)")
     ap.add_argument("--healthy-from", type=int, default=1, help="the first healthy variant's sample seed (to extend an earlier run)")
+    ap.add_argument("--no-shipped", action="store_true",
+                    help="skip the shipped variant: an earlier call into the same --out filled the reference snapshot "
+                         "(every worker starts at once)")
     ap.add_argument("--faults", nargs="*", default=[], help="fault kinds, each KIND or KIND:s1,s2,…")
     ap.add_argument("--fault-seeds", type=int, default=5)
     ap.add_argument("--fault-start", type=int, default=512, help="late_positions: the first damaged position")
@@ -247,6 +250,9 @@ def main() -> None:
 
     ctx = mp.get_context("spawn")
     todo, done = ctx.Queue(), ctx.Queue()
+    if args.no_shipped:
+        all_jobs = [j for j in all_jobs if j["variant"] != "shipped"]
+        meta["jobs_planned"] = len(all_jobs)
     first = [j for j in all_jobs if j["variant"] == "shipped"]
     rest = [j for j in all_jobs if j["variant"] != "shipped"]
     procs = [ctx.Process(target=worker, args=(0, args, todo, done), daemon=True)]
