@@ -169,7 +169,7 @@ def run_gates(s: Session, calib: Stage | None, fail_fast: bool = False) -> dict[
                 started = stage.begin()
                 torch.manual_seed(s.config.seed)
                 reference = s.ref.for_gates(shared, in_memory=not s.ref.sequential)
-                before = reference.usage() if hasattr(reference, "usage") else None
+                before = reference.usage() if getattr(reference, "keeps_snapshot", False) else None
                 ctx = GateContext(config=s.config, reference=reference, candidate=candidate, tokenizer=s.ref.tokenizer,
                                   folder=stage.path, shared_cache=shared, reference_fingerprint=s.ref.fingerprint,
                                   progress=s.progress, upstream=results)

@@ -22,7 +22,7 @@ from .memory import free_memory
 from .models import LoadedModel, load_model
 from .progress import Progress
 from .report import schema
-from .snapshot.engine import SnapshotReference
+from .snapshot.engine import LiveReference, SnapshotReference
 from .snapshot.store import SnapshotStore
 
 
@@ -136,13 +136,15 @@ class RunReference:
         return {"reference": self.identity(), "versions": self._versions(), "topk": self.config.snapshot.k}
 
     def for_gates(self, shared: Path, in_memory: bool = True) -> Any:
-        """The reference engine the gates use: the snapshot's (the default) or the model itself. `in_memory`
-        False (a sequential run's candidate phase): the snapshot alone, no model; a served reference, live."""
-        if not self.config.snapshot.enabled or self.served:
-            return self.engine
+        """The reference engine the gates use, over the reference's store: the snapshot (the default), or, where no
+        snapshot is kept (`snapshot.enabled: false`, a served reference), the engine's own logits with its
+        generations stored (`LiveReference`). `in_memory` False (a sequential run's candidate phase): the
+        snapshot alone, no model."""
         if self._snapshot is None:
-            snap = self.config.snapshot
-            self._snapshot = SnapshotReference(self.engine, SnapshotStore(shared, self.snapshot_inputs()), snap.k, snap.audit)
+            snap, store = self.config.snapshot, SnapshotStore(shared, self.snapshot_inputs())
+            # no snapshot kept: logits straight from the engine, its generations still stored (one store, one key)
+            self._snapshot = (LiveReference(self.engine, store) if not snap.enabled or self.served
+                              else SnapshotReference(self.engine, store, snap.k, snap.audit))
         if in_memory and self._snapshot.real is None:
             self._snapshot.attach(self.engine)
         return self._snapshot
@@ -150,7 +152,7 @@ class RunReference:
     def snapshot_description(self) -> dict[str, Any] | None:
         """The snapshot the gates read (`SnapshotStore.describe`), this run's use of it and what its reads verified;
         with every gate reused (none ran here), the snapshot their stage keys name, unused in this run."""
-        if self._snapshot is None and (not self.config.snapshot.enabled or self.served):
+        if not self.config.snapshot.enabled or self.served:  # the store holds the generations alone: no snapshot
             return None
         snap = self._snapshot or SnapshotReference(None, SnapshotStore(self.run_path.parent / ".reference", self.snapshot_inputs()),
                                                    None, False, description={})

@@ -4,11 +4,11 @@ qval holds no weights of it. What the gates read besides its answers comes from 
 else the folder qval serves): the tokenizer, config.json (its positions and vocabulary) and the generation config
 (its EOS). Its answers are top-K distributions (`Compact` blocks without a full row): top-1, NLL, perplexity and
 Δp are exact, KLD an estimate with a strict lower bound (qval/metrics/topk.py), whichever side is served. Its
-identity in the stage keys and the generation cache is the folder's content, the serving options and what the
+identity in the stage keys and its store (its generations) is the folder's content, the serving options and what the
 server says it is (`server_identity`: a launched server's package and folder, or a running one's version, listing
 and its answers to a fixed probe prompt). Nothing here calibrates, so a served reference gates served candidates
 only (the config refuses the rest), and the reference snapshot is not used: the server answers every run live,
-while its greedy generations are cached as any reference's are (qval/reference.py).
+while its greedy generations are stored as any reference's are (`LiveReference`, qval/snapshot/engine.py).
 """
 
 from __future__ import annotations

@@ -82,7 +82,7 @@ class LonggenDetails(Details):
     window: int
     edge: int
     piece: int
-    #: the reference's generations: cached or generated in this run (generation cache's describe())
+    #: the reference's generations: cached or generated in this run (the reference store's entry: reference.CachedGeneration.describe())
     reference_generation: dict[str, Any]
     candidate_generation_seconds: Num
     generated_side_by_side: bool

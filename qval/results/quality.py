@@ -67,7 +67,7 @@ class Bleu(Block):
     rendering: str
     max_new_tokens: int
     decoding: str
-    #: the reference's generations: cached or generated in this run (generation cache's describe())
+    #: the reference's generations: cached or generated in this run (the reference store's entry: reference.CachedGeneration.describe())
     reference_generation: dict[str, Any]
     candidate_generation_seconds: Num | None = None  # absent in reports written before it was recorded
     generated_side_by_side: bool | None = None

@@ -19,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import time
 from dataclasses import replace
+from pathlib import Path
 from typing import Any, Iterator
 
 import torch
@@ -49,6 +50,9 @@ class SnapshotReference(Engine):
     `description` and `config` stand for it, and a call the snapshot lacks raises ReferenceAbsent)."""
 
     full_logits = False
+    #: its logits are the snapshot's (the gates' details name the snapshot and their use of it); False for
+    #: `LiveReference`, which stores generations alone
+    keeps_snapshot = True
 
     def __init__(self, real: Engine | None, store: SnapshotStore, topk: int | None, audit: bool, *,
                  description: dict[str, Any] | None = None, config: Any = None) -> None:
@@ -207,12 +211,22 @@ class SnapshotReference(Engine):
         self._computed(t0)
         return self._live("answer_logits", key, [block])[0]
 
+    def stored_generation(self, prompts: list[list[int]], max_new_tokens: int, *, suppress_eos: bool,
+                          batch_size: int) -> tuple[str, Path, Generation | None]:
+        """The key of a `generate` call made now, its entry's file, and the stored generation when the entry
+        is whole (else None). The one key of the reference's generations: the call (token ids, settings) and,
+        on a CPU, the intra-op thread count at the call — it changes a product's rounding, and a side-by-side
+        job runs with its share (engines/concurrent.py), so ask inside the same thread setting as the call."""
+        key = hash_json({"method": "generate", "prompts": [list(p) for p in prompts], "new_tokens": max_new_tokens,
+                         "suppress_eos": suppress_eos, "batch_size": batch_size,
+                         "threads": torch.get_num_threads() if self.device.startswith("cpu") else None})
+        got = self.store.get_generation(key)
+        return key, self.store.generation_path(key), got if got is not None and len(got.tokens) == len(prompts) else None
+
     def generate(self, prompts: list[list[int]], max_new_tokens: int, *, suppress_eos: bool, batch_size: int,
                  progress: Any = None) -> Generation:
-        # intra-op threads change a CPU product's rounding (a side-by-side job runs with its share)
-        key = self._key("generate", prompts=[list(p) for p in prompts], new_tokens=max_new_tokens, suppress_eos=suppress_eos,
-                        batch_size=batch_size, threads=torch.get_num_threads() if self.device.startswith("cpu") else None)
-        if (got := self.store.get_generation(key)) is not None and len(got.tokens) == len(prompts):
+        key, _, got = self.stored_generation(prompts, max_new_tokens, suppress_eos=suppress_eos, batch_size=batch_size)
+        if got is not None:
             self._hit()
             if progress is not None:
                 progress(len(prompts))
@@ -229,6 +243,48 @@ class SnapshotReference(Engine):
                 "reused_calls": self.reused_calls,
                 "reference_seconds": round(self.compute_seconds, 2), "entries_written": self.store.written,
                 "bytes_written": self.store.bytes_written}
+
+
+class LiveReference(SnapshotReference):
+    """The reference when no snapshot is kept (`snapshot.enabled: false`, or a served reference, whose answers
+    are its server's): logits come from the engine itself, in full (or as its server's top K), each call
+    computed; its greedy generations are stored and read back as the snapshot's are (the same store, the same
+    key), so every later candidate and run reads them. Anything else (tokenizer, model) is the engine's."""
+
+    keeps_snapshot = False
+
+    def __init__(self, real: Engine, store: SnapshotStore) -> None:
+        super().__init__(real, store, None, False)
+
+    def __getattr__(self, name: str) -> Any:
+        if name == "real" or name.startswith("__"):  # not set yet (a copy being built): no recursion
+            raise AttributeError(name)
+        return getattr(self.real, name)
+
+    @property
+    def full_logits(self) -> bool:  # type: ignore[override]
+        return bool(getattr(self.real, "full_logits", True))
+
+    @property
+    def model_config(self) -> Any:
+        return getattr(self.real, "model_config", None)
+
+    def logits(self, input_ids: torch.Tensor) -> Any:  # type: ignore[override]
+        t0 = time.perf_counter()
+        out = self._engine("logits").logits(input_ids)
+        self._computed(t0)
+        return out
+
+    def logits_pieces(self, input_ids: torch.Tensor, piece: int) -> Iterator[Any]:  # type: ignore[override]
+        t0 = time.perf_counter()
+        yield from self._engine("logits_pieces").logits_pieces(input_ids, piece)
+        self._computed(t0)
+
+    def answer_logits(self, prompt: list[int], answer: list[int]) -> Any:  # type: ignore[override]
+        t0 = time.perf_counter()
+        out = self._engine("answer_logits").answer_logits(prompt, answer)
+        self._computed(t0)
+        return out
 
 
 def expand(block: Compact) -> torch.Tensor:

@@ -1,4 +1,4 @@
-"""The snapshot's files: `<report dir>/.reference/snapshot/<key>/` beside the generation cache.
+"""The reference's store: `<report dir>/.reference/snapshot/<key>/`, its answers (the snapshot's logits, its generations).
 
 The folder's key hashes the reference's identity (model fingerprint, the dtype and device it
 computes in, CUDA numerics settings), the library versions that run it, and the stored form
@@ -123,6 +123,7 @@ class SnapshotStore:
         self.verified = 0  # entries read back whose content and call key matched
         self.recomputed: Counter[str] = Counter()  # entries that did not, by why (EDITED, TRUNCATED, UNREADABLE)
         self.notes: list[str] = []  # one per such entry, naming it
+        self._noted: set[Path] = set()
 
     def integrity(self) -> dict[str, Any]:
         """This process's reads of the folder: entries verified, entries recomputed (and why), the notes."""
@@ -130,7 +131,11 @@ class SnapshotStore:
                 "recomputed": dict(self.recomputed), "notes": list(self.notes)}
 
     def _damaged(self, path: Path, err: Damaged) -> None:
-        """A stored entry that failed its check: counted and noted (it is recomputed and rewritten)."""
+        """A stored entry that failed its check: counted and noted once (it is recomputed and rewritten; a
+        lookup and the call that follows it may both read it before then)."""
+        if path in self._noted:
+            return
+        self._noted.add(path)
         self.recomputed[err.why] += 1
         note = f"reference snapshot entry {path}: {err.why}: {err}; recomputed"
         self.notes.append(note)
@@ -200,6 +205,10 @@ class SnapshotStore:
         self.bytes_written += needed
 
     # ---- generations -----------------------------------------------------------------------
+    def generation_path(self, call_key: str) -> Path:
+        """The file of a generation's entry (the report names it)."""
+        return self._file(call_key, "json")
+
     def get_generation(self, call_key: str) -> Generation | None:
         path = self._file(call_key, "json")
         if not path.is_file():

@@ -91,7 +91,35 @@ def test_identity_passes_all_three_gates_exactly_and_reuses_the_reference(tmp_pa
     assert report_b["gates"]["quality"]["details"]["bleu"]["reference_generation"]["cached"]
     assert report_b["gates"]["longgen"]["details"]["reference_generation"]["cached"]
     assert report_b["gates"]["longgen"]["details"]["reference_generation"]["path"] == lg["details"]["reference_generation"]["path"]
-    assert sorted(p.name for p in (tmp_path / "reports/.reference").glob("*/*.json")) == ["bleu.json", "longgen.json"]
+    # one store: the generations are entries of the reference's snapshot folder, nothing beside it
+    ref_store = tmp_path / "reports/.reference"
+    assert [p.name for p in ref_store.iterdir()] == ["snapshot"]
+    paths = {Path(g["reference_generation"]["path"]) for g in (q["details"]["bleu"], lg["details"])}
+    assert len(paths) == 2 and all(p.is_file() and ref_store / "snapshot" in p.parents for p in paths)
+
+
+def test_without_a_snapshot_the_generations_are_still_stored_once(tmp_path, patch_reference):
+    """`snapshot.enabled: false`: the gates read the reference's own logits (no snapshot in the details), and
+    its generations are entries of the reference's store as with a snapshot (qval/snapshot/engine.py's
+    LiveReference): a second candidate reads them back; no logits entry is written."""
+    def config(name: str) -> dict:
+        data = small_config(name, fmt="none", gates={
+            "agreement": {"dataset": str(ROOT / "calib_data/heldout_eval.jsonl"), "tokens": 512, "ctx": 256, "min_top1": 1.0},
+            "longgen": {"new_tokens": 48, "window": 16, "edge": 16, "max_prompts": 2, "batch_size": 2, "min_late_top1": 1.0,
+                        "max_late_kld": 0.0, "max_late_drift": 0.0, "max_seq_rep4_excess": 0.0, "max_judge_nll_excess": 0.0}},
+            diagnostics=NO_DIAGNOSTICS)
+        return {**data, "snapshot": {"enabled": False}}
+
+    code, a, out = gate(tmp_path, config("nosnap-a"))
+    assert code == 0, out
+    code, b, out = gate(tmp_path, config("nosnap-b"))
+    assert code == 0, out
+    first, again = (r["gates"]["longgen"]["details"]["reference_generation"] for r in (a, b))
+    assert not first["cached"] and again["cached"] and again["path"] == first["path"] and Path(first["path"]).is_file()
+    assert all("snapshot" not in r["gates"][g]["details"] for r in (a, b) for g in ("agreement", "longgen"))
+    assert a["model"].get("snapshot") is None
+    entries = [p for p in (tmp_path / "reports/.reference/snapshot").rglob("calls/*/*") if p.is_file()]
+    assert [p.suffix for p in entries] == [".json"]  # the one generation, no logits
 
 
 def damage_kv(factor: float):
