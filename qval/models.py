@@ -61,6 +61,19 @@ class LoadedModel:
     notes: list[str] = field(default_factory=list)
     load_seconds: float = 0.0
 
+    @property
+    def vocab(self) -> int:
+        """Rows of its output layer: the token ids its logits cover (a served reference's `vocab` likewise)."""
+        return int(self.model.get_output_embeddings().weight.shape[0])
+
+    @property
+    def eos(self) -> list[int]:
+        """The ids that end its generations: the generation config's, else the tokenizer's."""
+        eos = getattr(getattr(self.model, "generation_config", None), "eos_token_id", None)
+        if eos is None:
+            eos = getattr(self.tokenizer, "eos_token_id", None)
+        return [int(i) for i in (eos if isinstance(eos, list) else [eos]) if i is not None]
+
     def describe(self) -> dict[str, Any]:
         return {
             "name": self.name,

@@ -21,7 +21,6 @@ Activations of layers without a real GEMM, and the KV cache, stay ModelOpt fake-
 
 from __future__ import annotations
 
-import copy
 import types
 from collections import Counter
 from typing import Any

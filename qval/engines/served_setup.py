@@ -142,21 +142,6 @@ def check_tokenizer(client: Client, model: str, tokenizer: Any) -> str:
     return f"checked: /tokenize gives the reference's {len(want)} ids for a probe text"
 
 
-def vocab_of(reference: Any) -> int:
-    if reference.model is None:  # a served reference (qval/engines/served_reference.py)
-        return int(reference.vocab)
-    return int(reference.model.get_output_embeddings().weight.shape[0])
-
-
-def eos_of(reference: Any) -> list[int]:
-    if reference.model is None:
-        return list(reference.eos)
-    eos = getattr(reference.model.generation_config, "eos_token_id", None)
-    if eos is None:
-        eos = reference.tokenizer.eos_token_id
-    return [int(i) for i in (eos if isinstance(eos, list) else [eos]) if i is not None]
-
-
 def connect(options: ServedOptions, folder: Path | None, *, tokenizer: Any, vocab: int, eos: list[int], resolve: Any,
             log_path: Path, log: Any, name: str, where: str, facts: dict[str, Any] | None = None,
             notes: list[str] | None = None, **engine: Any) -> ServedEngine:
@@ -211,7 +196,7 @@ def build_served(ctx: BuildContext) -> ServedEngine:
     if options.launch is not None:
         folder, launch_facts, build = model_folder(ctx, options.launch)
         facts["launch"] = launch_facts
-    return connect(options, folder, tokenizer=ctx.reference.tokenizer, vocab=vocab_of(ctx.reference), eos=eos_of(ctx.reference),
+    return connect(options, folder, tokenizer=ctx.reference.tokenizer, vocab=ctx.reference.vocab, eos=ctx.reference.eos,
                    resolve=ctx.config.resolve, log_path=ctx.run_dir / "served" / "server.log", log=ctx.log, name=SERVED_NAME,
                    where="engine.options", facts=facts, fidelity=build.fidelity if build is not None else None)
 
