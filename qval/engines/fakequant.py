@@ -11,7 +11,6 @@ with `engine.options.runtime: transformers` they run ModelOpt's own forward.
 
 from __future__ import annotations
 
-
 from ..quantize.modelopt_adapter import fold_weights, restore_state
 from . import leanfp8
 from .base import BuildContext
