@@ -22,7 +22,7 @@ from .memory import free_memory
 from .models import LoadedModel, load_model
 from .progress import Progress
 from .report import schema
-from .snapshot.engine import LiveReference, SnapshotReference
+from .snapshot.engine import LiveReference, SnapshotReference, StoredReference
 from .snapshot.store import SnapshotStore
 
 
@@ -35,7 +35,7 @@ class RunReference:
         self.config, self.run_path, self.progress, self._versions = config, run_path, progress, versions
         self._model, self.loader = loaded, loader
         self._engine: Any = None
-        self._snapshot: SnapshotReference | None = None
+        self._snapshot: StoredReference | None = None
         self._tokenizer: Any = None  # kept when the model leaves memory (a sequential run)
         self._described: dict[str, Any] | None = None  # likewise its description
         self._served_fingerprint: str | None = None  # a served reference's identity, asked of its server once

@@ -24,7 +24,7 @@ from typing import Any, Iterator
 
 import torch
 
-from ..engines.base import Engine, Generation
+from ..engines.base import Engine, Generation, Logits
 from ..io import hash_json
 from ..logits import Compact
 from .compact import TAIL_POINTS, compress
@@ -45,23 +45,22 @@ class ReferenceAbsent(Exception):
     (the reference's answer text on a disagreement)."""
 
 
-class SnapshotReference(Engine):
-    """`real`: the reference's engine, or None while the reference is not in memory (then
-    `description` and `config` stand for it, and a call the snapshot lacks raises ReferenceAbsent)."""
+class StoredReference(Engine):
+    """The reference as the gates see it, over the reference's store (store.py): its greedy generations are
+    stored and read back under one key (`stored_generation`); its logits are the subclass's — the snapshot's
+    compact blocks (`SnapshotReference`) or the engine's own (`LiveReference`). `real`: the reference's engine,
+    or None while the reference is not in memory (then `description` and `config` stand for it, and a call the
+    store lacks raises ReferenceAbsent)."""
 
-    full_logits = False
-    #: its logits are the snapshot's (the gates' details name the snapshot and their use of it); False for
-    #: `LiveReference`, which stores generations alone
-    keeps_snapshot = True
+    #: its logits are the snapshot's (the gates' details name the snapshot and their use of it)
+    keeps_snapshot = False
 
-    def __init__(self, real: Engine | None, store: SnapshotStore, topk: int | None, audit: bool, *,
-                 description: dict[str, Any] | None = None, config: Any = None) -> None:
+    def __init__(self, real: Engine | None, store: SnapshotStore, *, description: dict[str, Any] | None = None,
+                 config: Any = None) -> None:
         if real is None and description is None:
-            raise ValueError("a snapshot reference without its engine needs the engine's description")
+            raise ValueError("a stored reference without its engine needs the engine's description")
         self.real = real
         self.store = store
-        self.topk = topk
-        self.audit = audit
         self._description = description
         self._config = config
         self.forward_calls = 0
@@ -71,9 +70,6 @@ class SnapshotReference(Engine):
         #: answer where the two disagree): no snapshot can hold them in advance
         self.dependent_calls = 0
         self._dependent = 0
-        #: the blocks of the latest call of each method, as they are produced (`MirrorCandidate` reads them)
-        self.live: dict[str, tuple[str, list[Compact]]] = {}
-        self._mirrored = False  # a MirrorCandidate reads the full logits of what is computed
 
     @contextlib.contextmanager
     def candidate_dependent(self) -> Iterator[None]:
@@ -118,14 +114,6 @@ class SnapshotReference(Engine):
         lacks raise ReferenceAbsent from now on."""
         _ = self.description, self.config
         self.real = None
-        self.live.clear()
-
-    def mirror(self, on: bool) -> None:
-        """While a `MirrorCandidate` answers from this reference's own outputs (the snapshot being filled):
-        each call's blocks are kept for it, with their full logits; off again, nothing is kept."""
-        self._mirrored = on
-        if not on:
-            self.live.clear()
 
     def describe(self) -> dict[str, Any]:
         return self.real.describe() if self.real is not None else dict(self.description)
@@ -136,10 +124,6 @@ class SnapshotReference(Engine):
                                   "not in memory")
         return self.real
 
-    def _key(self, method: str, **args: Any) -> str:
-        # the stored form is part of every entry's key (the folder's too, in the pipeline)
-        return hash_json({"method": method, "form": {"topk": self.topk, "tail_points": TAIL_POINTS}, **args})
-
     def _hit(self) -> None:
         self.reused_calls += 1
 
@@ -149,6 +133,71 @@ class SnapshotReference(Engine):
         else:
             self.forward_calls += 1
         self.compute_seconds += time.perf_counter() - t0
+
+    def stored_generation(self, prompts: list[list[int]], max_new_tokens: int, *, suppress_eos: bool,
+                          batch_size: int) -> tuple[str, Path, Generation | None]:
+        """The key of a `generate` call made now, its entry's file, and the stored generation when the entry
+        is whole (else None). The one key of the reference's generations: the call (token ids, settings) and,
+        on a CPU, the intra-op thread count at the call — it changes a product's rounding, and a side-by-side
+        job runs with its share (engines/concurrent.py), so ask inside the same thread setting as the call."""
+        key = hash_json({"method": "generate", "prompts": [list(p) for p in prompts], "new_tokens": max_new_tokens,
+                         "suppress_eos": suppress_eos, "batch_size": batch_size,
+                         "threads": torch.get_num_threads() if self.device.startswith("cpu") else None})
+        got = self.store.get_generation(key)
+        return key, self.store.generation_path(key), got if got is not None and len(got.tokens) == len(prompts) else None
+
+    def generate(self, prompts: list[list[int]], max_new_tokens: int, *, suppress_eos: bool, batch_size: int,
+                 progress: Any = None) -> Generation:
+        key, _, got = self.stored_generation(prompts, max_new_tokens, suppress_eos=suppress_eos, batch_size=batch_size)
+        if got is not None:
+            self._hit()
+            if progress is not None:
+                progress(len(prompts))
+            return got
+        t0 = time.perf_counter()
+        gen = self._engine("generate").generate(prompts, max_new_tokens, suppress_eos=suppress_eos, batch_size=batch_size, progress=progress)
+        self.store.put_generation(key, gen)
+        self._computed(t0)
+        return gen
+
+    def usage(self) -> dict[str, Any]:
+        """This process's use of the snapshot (a forked side-by-side job's calls are not counted)."""
+        return {"reference_forward_calls": self.forward_calls, "candidate_dependent_calls": self.dependent_calls,
+                "reused_calls": self.reused_calls,
+                "reference_seconds": round(self.compute_seconds, 2), "entries_written": self.store.written,
+                "bytes_written": self.store.bytes_written}
+
+
+class SnapshotReference(StoredReference):
+    """The reference answering from the snapshot: each logits call compact (`compact.compress`), read back or
+    computed by the real engine and stored."""
+
+    full_logits = False
+    keeps_snapshot = True
+
+    def __init__(self, real: Engine | None, store: SnapshotStore, topk: int | None, audit: bool, *,
+                 description: dict[str, Any] | None = None, config: Any = None) -> None:
+        super().__init__(real, store, description=description, config=config)
+        self.topk = topk
+        self.audit = audit
+        #: the blocks of the latest call of each method, as they are produced (`MirrorCandidate` reads them)
+        self.live: dict[str, tuple[str, list[Compact]]] = {}
+        self._mirrored = False  # a MirrorCandidate reads the full logits of what is computed
+
+    def detach(self) -> None:
+        super().detach()
+        self.live.clear()
+
+    def mirror(self, on: bool) -> None:
+        """While a `MirrorCandidate` answers from this reference's own outputs (the snapshot being filled):
+        each call's blocks are kept for it, with their full logits; off again, nothing is kept."""
+        self._mirrored = on
+        if not on:
+            self.live.clear()
+
+    def _key(self, method: str, **args: Any) -> str:
+        # the stored form is part of every entry's key (the folder's too, in the pipeline)
+        return hash_json({"method": method, "form": {"topk": self.topk, "tail_points": TAIL_POINTS}, **args})
 
     def _live(self, method: str, key: str, blocks: list[Compact]) -> list[Compact]:
         if self._mirrored:  # held for the mirror only (with their full logits: never otherwise)
@@ -211,50 +260,15 @@ class SnapshotReference(Engine):
         self._computed(t0)
         return self._live("answer_logits", key, [block])[0]
 
-    def stored_generation(self, prompts: list[list[int]], max_new_tokens: int, *, suppress_eos: bool,
-                          batch_size: int) -> tuple[str, Path, Generation | None]:
-        """The key of a `generate` call made now, its entry's file, and the stored generation when the entry
-        is whole (else None). The one key of the reference's generations: the call (token ids, settings) and,
-        on a CPU, the intra-op thread count at the call — it changes a product's rounding, and a side-by-side
-        job runs with its share (engines/concurrent.py), so ask inside the same thread setting as the call."""
-        key = hash_json({"method": "generate", "prompts": [list(p) for p in prompts], "new_tokens": max_new_tokens,
-                         "suppress_eos": suppress_eos, "batch_size": batch_size,
-                         "threads": torch.get_num_threads() if self.device.startswith("cpu") else None})
-        got = self.store.get_generation(key)
-        return key, self.store.generation_path(key), got if got is not None and len(got.tokens) == len(prompts) else None
 
-    def generate(self, prompts: list[list[int]], max_new_tokens: int, *, suppress_eos: bool, batch_size: int,
-                 progress: Any = None) -> Generation:
-        key, _, got = self.stored_generation(prompts, max_new_tokens, suppress_eos=suppress_eos, batch_size=batch_size)
-        if got is not None:
-            self._hit()
-            if progress is not None:
-                progress(len(prompts))
-            return got
-        t0 = time.perf_counter()
-        gen = self._engine("generate").generate(prompts, max_new_tokens, suppress_eos=suppress_eos, batch_size=batch_size, progress=progress)
-        self.store.put_generation(key, gen)
-        self._computed(t0)
-        return gen
-
-    def usage(self) -> dict[str, Any]:
-        """This process's use of the snapshot (a forked side-by-side job's calls are not counted)."""
-        return {"reference_forward_calls": self.forward_calls, "candidate_dependent_calls": self.dependent_calls,
-                "reused_calls": self.reused_calls,
-                "reference_seconds": round(self.compute_seconds, 2), "entries_written": self.store.written,
-                "bytes_written": self.store.bytes_written}
-
-
-class LiveReference(SnapshotReference):
+class LiveReference(StoredReference):
     """The reference when no snapshot is kept (`snapshot.enabled: false`, or a served reference, whose answers
     are its server's): logits come from the engine itself, in full (or as its server's top K), each call
     computed; its greedy generations are stored and read back as the snapshot's are (the same store, the same
     key), so every later candidate and run reads them. Anything else (tokenizer, model) is the engine's."""
 
-    keeps_snapshot = False
-
     def __init__(self, real: Engine, store: SnapshotStore) -> None:
-        super().__init__(real, store, None, False)
+        super().__init__(real, store)
 
     def __getattr__(self, name: str) -> Any:
         if name == "real" or name.startswith("__"):  # not set yet (a copy being built): no recursion
@@ -262,25 +276,25 @@ class LiveReference(SnapshotReference):
         return getattr(self.real, name)
 
     @property
-    def full_logits(self) -> bool:  # type: ignore[override]
+    def full_logits(self) -> bool:  # type: ignore[override]  # the engine's (a class attribute on Engine)
         return bool(getattr(self.real, "full_logits", True))
 
     @property
     def model_config(self) -> Any:
         return getattr(self.real, "model_config", None)
 
-    def logits(self, input_ids: torch.Tensor) -> Any:  # type: ignore[override]
+    def logits(self, input_ids: torch.Tensor) -> Logits:
         t0 = time.perf_counter()
         out = self._engine("logits").logits(input_ids)
         self._computed(t0)
         return out
 
-    def logits_pieces(self, input_ids: torch.Tensor, piece: int) -> Iterator[Any]:  # type: ignore[override]
+    def logits_pieces(self, input_ids: torch.Tensor, piece: int) -> Iterator[Logits]:
         t0 = time.perf_counter()
         yield from self._engine("logits_pieces").logits_pieces(input_ids, piece)
         self._computed(t0)
 
-    def answer_logits(self, prompt: list[int], answer: list[int]) -> Any:  # type: ignore[override]
+    def answer_logits(self, prompt: list[int], answer: list[int]) -> Logits:
         t0 = time.perf_counter()
         out = self._engine("answer_logits").answer_logits(prompt, answer)
         self._computed(t0)
