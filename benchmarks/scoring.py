@@ -119,8 +119,7 @@ def retrieval_work(cfg: Any, tok: Any, m: dict[str, Any], hw: dict[str, Any], se
     from qval.gates import GateContext
     from qval.gates.retrieval import trials_for
 
-    ctx = GateContext(config=cfg, reference=None, candidate=None, tokenizer=tok, folder=Path("."), shared_cache=Path("."),
-                      reference_fingerprint="")
+    ctx = GateContext(config=cfg, reference=None, candidate=None, tokenizer=tok, folder=Path("."))
     trials, _ = trials_for(ctx)
     answers = sum(len(t.answer) for t in trials)
     lens = [len(t.prompt) + len(t.answer) - 1 for t in trials]
@@ -183,8 +182,7 @@ def long_context(loaded: Any, tok: Any, spec: dict[str, Any], work: Path, hw: di
         out["runs"].append({"depth_piece": piece, "wall_s": wall, "gates": gates, "approved": result.verdict.approved})
         del result
         built = setup.calibrate_and_build(loaded, cfg)  # the calibration is the run's, reused
-        ctx = GateContext(config=cfg, reference=built.reference, candidate=built.candidate, tokenizer=tok, folder=work / "plain",
-                          shared_cache=work / "plain", reference_fingerprint="bench")
+        ctx = GateContext(config=cfg, reference=built.reference, candidate=built.candidate, tokenizer=tok, folder=work / "plain")
         chunks, _ = depth_gate.scored_chunks(ctx)
         dev = built.reference.device
         measure.sync(dev)

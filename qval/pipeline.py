@@ -171,8 +171,7 @@ def run_gates(s: Session, calib: Stage | None, fail_fast: bool = False) -> dict[
                 reference = s.ref.for_gates(shared, in_memory=not s.ref.sequential)
                 before = reference.usage() if getattr(reference, "keeps_snapshot", False) else None
                 ctx = GateContext(config=s.config, reference=reference, candidate=candidate, tokenizer=s.ref.tokenizer,
-                                  folder=stage.path, shared_cache=shared, reference_fingerprint=s.ref.fingerprint,
-                                  progress=s.progress, upstream=results)
+                                  folder=stage.path, progress=s.progress, upstream=results)
                 result = spec.run(ctx)
             if result.status == "pending":  # finished once the reference is back (a sequential run's last phase)
                 pending.append((spec, stage, started, ctx, before, mem))

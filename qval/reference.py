@@ -74,11 +74,11 @@ def render_prompts(tokenizer: Any, prompts: list[str]) -> tuple[list[list[int]],
     return ids, how
 
 
-def paired_generations(ctx: "GateContext", kind: str, prompts: list[list[int]], settings: GenerationSettings,
+def paired_generations(ctx: "GateContext", prompts: list[list[int]], settings: GenerationSettings,
                        label: str) -> tuple[CachedGeneration, "Generation", dict[str, Any]]:
     """The reference's greedy generations for `prompts` (read from its store, or computed now and stored for
-    every later candidate) and the candidate's, with the same settings. `kind` names the use ("bleu",
-    "longgen") in the progress line. When both engines are on the CPU and the reference's must be computed,
+    every later candidate) and the candidate's, with the same settings; `label` names the gate in the progress
+    lines. When both engines are on the CPU and the reference's must be computed,
     the two decode side by side (engines/concurrent.py), in about the time of one. Returns both, and how they
     ran ({"side_by_side", "candidate_seconds"})."""
     progress = ctx.progress or SILENT

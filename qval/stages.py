@@ -29,6 +29,7 @@ from .errors import StageError, StorageError
 from .io import atomic_write_json, hash_json, read_json, sha256_file
 
 LOCK_FILE = ".qval.lock"
+DONE_FILE = "done.json"
 
 #: the libraries whose versions key a stage that runs the models (calibration, the export, the gates, the snapshot)
 KEY_PACKAGES = ("torch", "transformers", "nvidia-modelopt", "qval")
@@ -44,7 +45,6 @@ def versions(packages: tuple[str, ...] = KEY_PACKAGES) -> dict[str, str | None]:
         except md.PackageNotFoundError:
             out[pkg] = None
     return out
-DONE_FILE = "done.json"
 
 
 def stage_files(folder: Path) -> dict[str, str]:

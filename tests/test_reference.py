@@ -45,20 +45,20 @@ def live(tmp_path: Path, engine: FakeEngine, fingerprint: str = "ref-a", version
 def ctx_for(tmp_path: Path, reference, candidate=None) -> GateContext:
     cfg = parse_config({"name": "r", "quant": {"format": "none"}, "gates": {"agreement": {"min_top1": 0.5}}}, "r.yaml")
     return GateContext(config=cfg, reference=reference, candidate=candidate or FakeEngine(walk), tokenizer=FakeTokenizer(),
-                       folder=tmp_path / "gate", shared_cache=tmp_path / ".reference", reference_fingerprint="unused")
+                       folder=tmp_path / "gate")
 
 
-def cached_generations(ctx: GateContext, kind: str, prompts: list[list[int]], settings: GenerationSettings):
+def cached_generations(ctx: GateContext, prompts: list[list[int]], settings: GenerationSettings):
     """The reference's half of paired_generations (the candidate's half is what any gate does)."""
-    return paired_generations(ctx, kind, prompts, settings, "test")[0]
+    return paired_generations(ctx, prompts, settings, "test")[0]
 
 
 def test_generates_once_then_reads_the_store(tmp_path: Path) -> None:
     ref = FakeEngine(walk)
     settings = GenerationSettings(new_tokens=12, suppress_eos=True, batch_size=2)
-    first = cached_generations(ctx_for(tmp_path, live(tmp_path, ref)), "longgen", PROMPTS, settings)
+    first = cached_generations(ctx_for(tmp_path, live(tmp_path, ref)), PROMPTS, settings)
     # another candidate, another process's reference object, the same store
-    second = cached_generations(ctx_for(tmp_path, live(tmp_path, ref)), "longgen", PROMPTS, settings)
+    second = cached_generations(ctx_for(tmp_path, live(tmp_path, ref)), PROMPTS, settings)
     assert (first.hit, second.hit, ref.generate_calls) == (False, True, 1)
     assert second.generation.tokens == first.generation.tokens and second.seconds == 0.0
     assert first.path == second.path and first.path.is_file() and (tmp_path / ".reference" / "snapshot") in first.path.parents
@@ -73,7 +73,7 @@ def test_generates_once_then_reads_the_store(tmp_path: Path) -> None:
 def test_a_reference_without_a_store_generates_every_time(tmp_path: Path) -> None:
     ref = FakeEngine(walk)
     s = GenerationSettings(new_tokens=4, suppress_eos=True, batch_size=2)
-    a, b = (cached_generations(ctx_for(tmp_path, ref), "bleu", PROMPTS, s) for _ in range(2))
+    a, b = (cached_generations(ctx_for(tmp_path, ref), PROMPTS, s) for _ in range(2))
     assert (a.hit, b.hit, a.path, ref.generate_calls) == (False, False, None, 2) and a.describe()["path"] is None
 
 
@@ -81,14 +81,14 @@ def test_both_models_generate_side_by_side_then_the_candidate_alone(tmp_path: Pa
     ref = FakeEngine(walk)
     s = GenerationSettings(new_tokens=6, suppress_eos=True, batch_size=2)
     ctx = ctx_for(tmp_path, live(tmp_path, ref))
-    first, cand, how = paired_generations(ctx, "longgen", PROMPTS, s, "test")
+    first, cand, how = paired_generations(ctx, PROMPTS, s, "test")
     # the reference decoded in a forked process (its call count, and its write of the entry, stay there)
     assert not first.hit and how["side_by_side"] == concurrent.can_pair([ctx.reference, ctx.candidate])
     assert ctx.candidate.generate_calls == 1 and first.generation.tokens == ref.generate(PROMPTS, 6, suppress_eos=True, batch_size=2).tokens
     assert cand.tokens == ctx.candidate.generate(PROMPTS, 6, suppress_eos=True, batch_size=2).tokens
     calls = ref.generate_calls
     ctx2 = ctx_for(tmp_path, live(tmp_path, ref))
-    second, cand2, how2 = paired_generations(ctx2, "longgen", PROMPTS, s, "test")
+    second, cand2, how2 = paired_generations(ctx2, PROMPTS, s, "test")
     assert second.hit and not how2["side_by_side"] and cand2.tokens == cand.tokens and ref.generate_calls == calls
     # the thread count the reference decodes with is part of the key: asked with another count, a miss
     share = concurrent.share([ctx2.reference, ctx2.candidate])
@@ -101,30 +101,30 @@ def test_both_models_generate_side_by_side_then_the_candidate_alone(tmp_path: Pa
 def test_any_changed_input_is_a_miss(tmp_path: Path) -> None:
     ref = FakeEngine(walk)
     s = GenerationSettings(new_tokens=12, suppress_eos=True, batch_size=2)
-    base = cached_generations(ctx_for(tmp_path, live(tmp_path, ref)), "longgen", PROMPTS, s)
+    base = cached_generations(ctx_for(tmp_path, live(tmp_path, ref)), PROMPTS, s)
     variants = [
-        cached_generations(ctx_for(tmp_path, live(tmp_path, ref)), "longgen", PROMPTS, GenerationSettings(13, True, 2)),
-        cached_generations(ctx_for(tmp_path, live(tmp_path, ref)), "longgen", PROMPTS, GenerationSettings(12, False, 2)),
-        cached_generations(ctx_for(tmp_path, live(tmp_path, ref)), "longgen", PROMPTS, GenerationSettings(12, True, 1)),
-        cached_generations(ctx_for(tmp_path, live(tmp_path, ref)), "longgen", [[1, 2, 3], [4, 5, 6, 8]], s),
-        cached_generations(ctx_for(tmp_path, live(tmp_path, ref, fingerprint="ref-b")), "longgen", PROMPTS, s),
+        cached_generations(ctx_for(tmp_path, live(tmp_path, ref)), PROMPTS, GenerationSettings(13, True, 2)),
+        cached_generations(ctx_for(tmp_path, live(tmp_path, ref)), PROMPTS, GenerationSettings(12, False, 2)),
+        cached_generations(ctx_for(tmp_path, live(tmp_path, ref)), PROMPTS, GenerationSettings(12, True, 1)),
+        cached_generations(ctx_for(tmp_path, live(tmp_path, ref)), [[1, 2, 3], [4, 5, 6, 8]], s),
+        cached_generations(ctx_for(tmp_path, live(tmp_path, ref, fingerprint="ref-b")), PROMPTS, s),
     ]
     assert not any(v.hit for v in variants) and ref.generate_calls == 6
     assert len({(v.path, v.key) for v in [base, *variants]}) == 6
-    # the use's name is not an input: gate 2 asking what gate 3 asked reads the same entry
-    assert cached_generations(ctx_for(tmp_path, live(tmp_path, ref)), "bleu", PROMPTS, s).hit
+    # another gate asking the same call (gate 2 what gate 3 asked) reads the same entry
+    assert cached_generations(ctx_for(tmp_path, live(tmp_path, ref)), PROMPTS, s).hit
 
 
 def test_a_damaged_entry_is_regenerated_with_a_note_not_trusted(tmp_path: Path) -> None:
     ref = FakeEngine(walk)
     s = GenerationSettings(new_tokens=8, suppress_eos=True, batch_size=2)
-    first = cached_generations(ctx_for(tmp_path, live(tmp_path, ref)), "longgen", PROMPTS, s)
+    first = cached_generations(ctx_for(tmp_path, live(tmp_path, ref)), PROMPTS, s)
     first.path.write_text(first.path.read_text()[:40])  # a torn write from an older, non-atomic tool
     reader = live(tmp_path, ref)
-    again = cached_generations(ctx_for(tmp_path, reader), "longgen", PROMPTS, s)
+    again = cached_generations(ctx_for(tmp_path, reader), PROMPTS, s)
     assert not again.hit and again.generation.tokens == first.generation.tokens and ref.generate_calls == 2
     assert reader.store.integrity()["entries_recomputed"] == 1 and str(first.path) in reader.store.integrity()["notes"][0]
-    assert cached_generations(ctx_for(tmp_path, live(tmp_path, ref)), "longgen", PROMPTS, s).hit  # whole again
+    assert cached_generations(ctx_for(tmp_path, live(tmp_path, ref)), PROMPTS, s).hit  # whole again
 
 
 def test_a_sequential_candidate_phase_reads_what_the_fill_stored_side_by_side(tmp_path: Path) -> None:
@@ -133,10 +133,10 @@ def test_a_sequential_candidate_phase_reads_what_the_fill_stored_side_by_side(tm
     ref = FakeEngine(walk)
     s = GenerationSettings(new_tokens=6, suppress_eos=True, batch_size=2)
     snap = SnapshotReference(ref, store(tmp_path), 4, False)
-    filled, _, _ = paired_generations(ctx_for(tmp_path, snap, MirrorCandidate(snap)), "longgen", PROMPTS, s, "fill")
+    filled, _, _ = paired_generations(ctx_for(tmp_path, snap, MirrorCandidate(snap)), PROMPTS, s, "fill")
     snap.mirror(False)
     snap.detach()  # the reference leaves memory
-    got, cand, _ = paired_generations(ctx_for(tmp_path, snap), "longgen", PROMPTS, s, "candidate phase")
+    got, cand, _ = paired_generations(ctx_for(tmp_path, snap), PROMPTS, s, "candidate phase")
     assert not filled.hit and got.hit and got.path == filled.path and got.generation.tokens == filled.generation.tokens
     assert ref.generate_calls == 1  # the fill's one generation (the mirror answered from it)
 
@@ -154,11 +154,11 @@ def test_library_versions_are_read_in_one_place_and_key_the_generations(tmp_path
     assert stages.versions(("torch", "no-such-package-qval")) == {"torch": md.version("torch"), "no-such-package-qval": None}
     ref = FakeEngine(walk)
     settings = GenerationSettings(new_tokens=4, suppress_eos=True, batch_size=2)
-    first = cached_generations(ctx_for(tmp_path, live(tmp_path, ref)), "bleu", PROMPTS, settings)
+    first = cached_generations(ctx_for(tmp_path, live(tmp_path, ref)), PROMPTS, settings)
     manifest = json.loads((first.path.parents[2] / "manifest.json").read_text())
     assert manifest["inputs"]["versions"] == stages.versions() and set(stages.KEY_PACKAGES) <= manifest["inputs"]["versions"].keys()
     other = {**stages.versions(), "transformers": "0.0-other"}
-    assert cached_generations(ctx_for(tmp_path, live(tmp_path, ref, versions=other)), "bleu", PROMPTS, settings).hit is False
+    assert cached_generations(ctx_for(tmp_path, live(tmp_path, ref, versions=other)), PROMPTS, settings).hit is False
 
 
 def test_a_loaded_reference_names_its_vocabulary_and_eos_as_a_served_one_does() -> None:

@@ -115,8 +115,7 @@ def scoring(ref: Any, cand: Any, tokenizer: Any, make_config: Callable[[int], An
     out: dict[str, Any] = {"budgets": []}
     for budget in budgets:
         cfg = make_config(budget)
-        ctx = GateContext(config=cfg, reference=ref, candidate=cand, tokenizer=tokenizer, folder=folder / f"gate1_{budget}",
-                          shared_cache=folder / ".reference", reference_fingerprint="bench")
+        ctx = GateContext(config=cfg, reference=ref, candidate=cand, tokenizer=tokenizer, folder=folder / f"gate1_{budget}")
         ctx.folder.mkdir(parents=True, exist_ok=True)
         chunks, info = agreement.scored_chunks(ctx)
         g = cfg.gates.agreement

@@ -25,8 +25,6 @@ class GateContext:
     candidate: "Engine"
     tokenizer: Any
     folder: Path  # this gate's stage folder
-    shared_cache: Path  # reports/.reference: reference outputs shared by every candidate
-    reference_fingerprint: str
     progress: Any = None  # qval.progress.Progress or None
     upstream: dict[str, "GateResult"] = field(default_factory=dict)
 

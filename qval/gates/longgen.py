@@ -68,7 +68,7 @@ def run(ctx: GateContext) -> GateResult:
     records, note = records_for(ctx.config)
     prompts, rendering = render_prompts(ctx.tokenizer, [r["prompt"] for r in records])
     settings = GenerationSettings(new_tokens=g.new_tokens, suppress_eos=g.suppress_eos, batch_size=g.batch_size)
-    ref, cand, paired = paired_generations(ctx, "longgen", prompts, settings, "gate 3")
+    ref, cand, paired = paired_generations(ctx, prompts, settings, "gate 3")
     progress = ctx.progress or SILENT
     info: dict[str, Any] = {"prompts_file": g.prompts, "prompts": len(prompts), "rendering": rendering, "new_tokens": g.new_tokens,
                             "suppress_eos": g.suppress_eos, "window": g.window, "edge": g.edge, "piece": g.piece,

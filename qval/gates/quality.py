@@ -185,7 +185,7 @@ def bleu_part(ctx: GateContext) -> tuple[dict[str, Estimate], dict[str, Any], in
     records = bleu_records(ctx)
     prompts, rendering = render_prompts(ctx.tokenizer, [r["prompt"] for r in records])
     settings = GenerationSettings(new_tokens=g.bleu_max_new_tokens, suppress_eos=False, batch_size=g.batch_size)
-    ref, cand, paired = paired_generations(ctx, "bleu", prompts, settings, "gate 2 (BLEU prompts)")
+    ref, cand, paired = paired_generations(ctx, prompts, settings, "gate 2 (BLEU prompts)")
 
     def text(tokens: list[int]) -> str:
         return ctx.tokenizer.decode(tokens, skip_special_tokens=True).strip()

@@ -34,8 +34,7 @@ def fill_gates(s: Any, shared: Path) -> dict[str, Any]:
                 torch.manual_seed(s.config.seed)
                 with PhaseMemory() as mem:
                     ctx = GateContext(config=s.config, reference=reference, candidate=mirror, tokenizer=s.ref.tokenizer, folder=folder,
-                                      shared_cache=shared, reference_fingerprint=s.ref.fingerprint, progress=s.progress,
-                                      upstream=done)
+                                      progress=s.progress, upstream=done)
                     result = spec.run(ctx)
                 result.folder = folder  # gate 2 reads gate 1's positions through `done` (GateContext.upstream)
                 done[spec.name] = result

@@ -210,7 +210,7 @@ class SnapshotStore:
         return self._file(call_key, "json")
 
     def get_generation(self, call_key: str) -> Generation | None:
-        path = self._file(call_key, "json")
+        path = self.generation_path(call_key)
         if not path.is_file():
             return None
         try:
@@ -230,7 +230,7 @@ class SnapshotStore:
         # no timing in the entry: the folder's bytes are the same from run to run (the report states them)
         self.manifest()
         entry = {"key": call_key, "generation": gen.to_dict()}
-        path = self._file(call_key, "json")
+        path = self.generation_path(call_key)
         atomic_write_json(path, {**entry, "sha256": hash_json(entry)}, what=f"reference snapshot entry {path.name}")
         self.written += 1
 

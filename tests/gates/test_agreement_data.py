@@ -76,8 +76,7 @@ def _gate_ctx(tmp_path, ref, cand, ctx_len=16, tokens=80, batch=3):
     tok = CharTokenizer()
     tok.eos_token_id = 0
     (tmp_path / "g").mkdir()
-    return GateContext(config=cfg, reference=ref, candidate=cand, tokenizer=tok, folder=tmp_path / "g",
-                       shared_cache=tmp_path / "s", reference_fingerprint="x")
+    return GateContext(config=cfg, reference=ref, candidate=cand, tokenizer=tok, folder=tmp_path / "g")
 
 
 def test_batched_metrics_equal_the_per_chunk_metrics(tmp_path):

@@ -191,8 +191,7 @@ def test_sliding_window_perplexity_agrees_with_transformers_loss(tmp_path, defau
                         "gates": {"agreement": {"dataset": data, "tokens": 700, "ctx": 256, "min_top1": 0.5},
                                   "quality": {"windowing": "sliding", "stride": 96, "max_ppl_ratio": 1.1}}}, "s.yaml")
     engine = HFEngine(default_model.model, default_model.tokenizer)
-    ctx = GateContext(config=cfg, reference=engine, candidate=engine, tokenizer=default_model.tokenizer, folder=tmp_path,
-                      shared_cache=tmp_path, reference_fingerprint="x")
+    ctx = GateContext(config=cfg, reference=engine, candidate=engine, tokenizer=default_model.tokenizer, folder=tmp_path)
     nll_ref, nll_cand, info = sliding_nll(ctx)
     tok = default_model.tokenizer
     ids = torch.tensor([token_stream(load_dataset(data).texts(), tok, tok.eos_token_id)[:700]])

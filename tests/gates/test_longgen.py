@@ -39,7 +39,7 @@ def make_ctx(tmp_path: Path, candidate: FakeEngine, reference: FakeEngine | None
     cfg = parse_config({"name": "lg", "quant": {"format": "none"},
                         "gates": {"agreement": {"min_top1": 0.5}, "longgen": section}}, str(tmp_path / "c.yaml"))
     return GateContext(config=cfg, reference=reference or FakeEngine(walk), candidate=candidate, tokenizer=FakeTokenizer(),
-                       folder=tmp_path / "gate_longgen", shared_cache=tmp_path / ".reference", reference_fingerprint="fake")
+                       folder=tmp_path / "gate_longgen")
 
 
 class GpuFake(FakeEngine):

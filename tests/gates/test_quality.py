@@ -201,8 +201,7 @@ def test_bleu_records_must_have_prompt_reference_lang(tmp_path: Path) -> None:
     f.write_text(json.dumps({"prompt": "Translate: x", "reference": "x", "lang": "en"}) + "\n"
                  + json.dumps({"prompt": "Translate: y", "lang": "en"}) + "\n", encoding="utf-8")
     cfg = _cfg(max_bleu_drop=1.0, bleu_dataset=str(f))
-    ctx = GateContext(config=cfg, reference=None, candidate=None, tokenizer=None, folder=tmp_path,  # type: ignore[arg-type]
-                      shared_cache=tmp_path, reference_fingerprint="x")
+    ctx = GateContext(config=cfg, reference=None, candidate=None, tokenizer=None, folder=tmp_path)  # type: ignore[arg-type]
     with pytest.raises(DataError, match="record 1 needs .* missing or empty: reference"):
         bleu_records(ctx)
 
@@ -216,12 +215,11 @@ def test_gate_2_reads_gate_1s_positions_through_upstream_not_a_sibling_folder(tm
     cfg = _cfg(max_ppl_ratio=1.1)
     up = GateResult("agreement", "ok", folder=elsewhere)
     ctx = GateContext(config=cfg, reference=None, candidate=None, tokenizer=None, folder=tmp_path / "gate_quality",  # type: ignore[arg-type]
-                      shared_cache=tmp_path, reference_fingerprint="x", upstream={"agreement": up})
+                      upstream={"agreement": up})
     nll_ref, nll_cand, info = _positions(ctx)
     assert nll_ref.tolist() == [1.0, 2.0] and nll_cand.tolist() == [1.5, 2.5] and info["windowing"] == "chunks"
     (elsewhere / "positions.npz").unlink()
     with pytest.raises(DataError, match="gate agreement: its positions.npz is missing from .*somewhere/else"):
         _positions(ctx)
     with pytest.raises(DataError, match="gate 1 did not run before it"):
-        _positions(GateContext(config=cfg, reference=None, candidate=None, tokenizer=None, folder=tmp_path,  # type: ignore[arg-type]
-                               shared_cache=tmp_path, reference_fingerprint="x"))
+        _positions(GateContext(config=cfg, reference=None, candidate=None, tokenizer=None, folder=tmp_path))  # type: ignore[arg-type]

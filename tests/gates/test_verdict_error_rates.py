@@ -66,7 +66,7 @@ def verdict(cfg, candidate: FakeEngine, folder: Path):  # noqa: ANN001, ANN201
     for spec in GATES.ordered():
         if spec.enabled(cfg):
             ctx = GateContext(config=cfg, reference=FakeEngine(walk), candidate=candidate, tokenizer=FakeTokenizer(),
-                              folder=folder / spec.name, shared_cache=folder.parent / ".reference", reference_fingerprint="fake",
+                              folder=folder / spec.name,
                               upstream=dict(results))
             ctx.folder.mkdir(parents=True, exist_ok=True)
             results[spec.name] = spec.run(ctx)

@@ -85,8 +85,7 @@ def test_a_damaged_entry_is_recomputed_not_trusted(tmp_path: Path) -> None:
 def test_calls_on_the_candidates_output_are_counted_apart(tmp_path: Path) -> None:
     s = snap(tmp_path, Counting())
     cfg = parse_config({"name": "r", "quant": {"format": "none"}, "gates": {"agreement": {"min_top1": 0.5}}}, "r.yaml")
-    ctx = GateContext(config=cfg, reference=s, candidate=FakeEngine(walk), tokenizer=FakeTokenizer(), folder=tmp_path,
-                      shared_cache=tmp_path, reference_fingerprint="a")
+    ctx = GateContext(config=cfg, reference=s, candidate=FakeEngine(walk), tokenizer=FakeTokenizer(), folder=tmp_path)
     with candidate_dependent(ctx):
         s.logits(torch.tensor([[1, 2, 3]]))
     s.logits(torch.tensor([[3, 2, 1]]))
@@ -104,7 +103,7 @@ def test_gate_3_through_the_snapshot_matches_the_full_reference(tmp_path: Path, 
 
     def run(reference, candidate, folder: str):  # noqa: ANN001, ANN202
         ctx = GateContext(config=cfg, reference=reference, candidate=candidate, tokenizer=FakeTokenizer(),
-                          folder=tmp_path / folder, shared_cache=tmp_path / ".reference", reference_fingerprint="fake")
+                          folder=tmp_path / folder)
         (tmp_path / folder).mkdir()
         return longgen.run(ctx)
 
