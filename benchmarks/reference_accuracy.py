@@ -69,7 +69,7 @@ def tasks(a: argparse.Namespace) -> None:
                             "gates": {"agreement": {"enabled": False},
                                       "tasks": {"suites": [{"builtin": k, "size": int(v), "margin": 0.1}]}}})
         with tempfile.TemporaryDirectory() as tmp:
-            r = GATES.get("tasks").run(GateContext(cfg, ref, cand, lm.tokenizer, Path(tmp), Path(tmp), lm.fingerprint))
+            r = GATES.get("tasks").run(GateContext(cfg, ref, cand, lm.tokenizer, Path(tmp)))
         assert r.status == "ok", r.error
         total += r.seconds
         for s in r.to_dict()["details"]["suites"]:  # as report.json stores it

@@ -8,7 +8,7 @@ turns the config's limits (absolute, or sized from the measured noise) into `Thr
 from __future__ import annotations
 
 import contextlib
-from dataclasses import dataclass, field
+from dataclasses import KW_ONLY, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
@@ -25,6 +25,7 @@ class GateContext:
     candidate: "Engine"
     tokenizer: Any
     folder: Path  # this gate's stage folder
+    _: KW_ONLY  # what follows is named at every construction site
     progress: Any = None  # qval.progress.Progress or None
     upstream: dict[str, "GateResult"] = field(default_factory=dict)
 

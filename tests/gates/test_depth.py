@@ -72,7 +72,7 @@ def test_fake_engines_diverging_after_a_depth(tmp_path):
     ref = FakeEngine(walk)
     cand = FakeEngine(lambda t, p: walk(t, p) if p < 40 else (walk(t, p) + 1) % 60)
     tok = FakeTokenizer()
-    ctx = GateContext(cfg, ref, cand, tok, tmp_path, tmp_path, "fp")
+    ctx = GateContext(cfg, ref, cand, tok, tmp_path)
     chunks = [[(7 * i) % 60 for i in range(128)]]
     orig = depth_gate.scored_chunks
     depth_gate.scored_chunks = lambda c: (chunks, {"dataset": "toy", "chunks": 1, "ctx": 128})
@@ -114,12 +114,11 @@ def test_candidate_diverging_past_600_is_rejected_at_depth_but_not_by_gate_1(def
     cfg = _cfg()
     ref = HFEngine(default_model.model, default_model.tokenizer)
     cand = HFEngine(diverging_after(default_model.model, 600), default_model.tokenizer)
-    ctx = GateContext(cfg, ref, cand, default_model.tokenizer, tmp_path, tmp_path, default_model.fingerprint)
+    ctx = GateContext(cfg, ref, cand, default_model.tokenizer, tmp_path)
     results = {}
     for name in ("agreement", "depth"):
         (tmp_path / name).mkdir()
-        results[name] = GATES.get(name).run(GateContext(cfg, ref, cand, default_model.tokenizer, tmp_path / name, tmp_path,
-                                                        default_model.fingerprint))
+        results[name] = GATES.get(name).run(GateContext(cfg, ref, cand, default_model.tokenizer, tmp_path / name))
     assert ctx.config is cfg
     short = decide({"agreement": results["agreement"]}, GATES.get("agreement").thresholds(cfg, results["agreement"]))
     assert short.approved and results["agreement"].measurements["mean_kld"].value == 0.0  # 512-token chunks never reach 600
@@ -162,7 +161,7 @@ def test_fp8_kv_candidate_with_damaged_kv_scales_is_rejected(default_model, tmp_
             assert n == 2 * default_model.model.config.num_hidden_layers
         folder = tmp_path / f"damaged{damaged}"
         folder.mkdir()
-        r = GATES.get("depth").run(GateContext(cfg, ref, cand, default_model.tokenizer, folder, tmp_path, default_model.fingerprint))
+        r = GATES.get("depth").run(GateContext(cfg, ref, cand, default_model.tokenizer, folder))
         v = decide({"depth": r}, GATES.get("depth").thresholds(cfg, r))
         figures[damaged] = (v.approved, r.measurements["mean_kld"].value)
     assert figures[False][0], figures

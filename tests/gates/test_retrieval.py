@@ -174,7 +174,7 @@ def test_retrieval_on_the_real_model_identity_is_exact_and_damage_loses(default_
         folder = tmp_path / name
         folder.mkdir()
         cand = HFEngine(model, default_model.tokenizer)
-        r = GATES.get("retrieval").run(GateContext(cfg, ref, cand, default_model.tokenizer, folder, tmp_path, default_model.fingerprint))
+        r = GATES.get("retrieval").run(GateContext(cfg, ref, cand, default_model.tokenizer, folder))
         out[name] = (r, decide({"retrieval": r}, GATES.get("retrieval").thresholds(cfg, r)))
     r, v = out["identity"]
     assert r.measurements["ref_accuracy"].value >= 0.5  # the built-in model can do this task at these lengths

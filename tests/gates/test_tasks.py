@@ -99,7 +99,7 @@ def test_choice_by_log_likelihood_with_the_fake_engine(tmp_path: Path):
     follows, strays = [11, 13], [11, 40]
     item = Item(id="c", kind="choice", prompt=prompt, excerpt="", choices=[strays, follows], choice_texts=["strays", "follows"], label=1)
     cfg = _cfg({"builtin": "choice", "margin": 0.1})
-    ctx = GateContext(cfg, FakeEngine(walk), FakeEngine(lambda t, p: 40 if p == 2 else walk(t, p)), FakeTokenizer(), tmp_path, tmp_path, "fp")
+    ctx = GateContext(cfg, FakeEngine(walk), FakeEngine(lambda t, p: 40 if p == 2 else walk(t, p)), FakeTokenizer(), tmp_path)
     r = score_choice(ctx, item, piece=1)
     assert r["ref_logprobs"] == pytest.approx([math.log(P_HI) + math.log(P_LO), 2 * math.log(P_HI)], abs=1e-5)
     assert r["ref_right"] and r["ref_answer"] == "follows"
@@ -239,13 +239,13 @@ def test_the_gate_runs_a_golden_choice_suite_on_the_fake_engine(tmp_path: Path):
     rows = [{"id": f"q{i}", "prompt": "ab", "choices": ['"', "z"], "label": 0} for i in range(6)]
     (tmp_path / "g.jsonl").write_text("\n".join(json.dumps(r) for r in rows) + "\n")
     cfg = _cfg({"golden": str(tmp_path / "g.jsonl"), "margin": 0.3, "chance": 0.0})
-    ctx = GateContext(cfg, FakeEngine(walk), FakeEngine(walk), tok, tmp_path, tmp_path, "fp")
+    ctx = GateContext(cfg, FakeEngine(walk), FakeEngine(walk), tok, tmp_path)
     r = GATES.get("tasks").run(ctx)
     assert r.status == "ok" and r.measurements["ref_accuracy@g"].value == 1.0 and r.measurements["drop@g"].value == 0.0
     lines = [json.loads(x) for x in (tmp_path / "items.jsonl").read_text().splitlines()]
     assert [x["id"] for x in lines] == [f"q{i}" for i in range(6)]
     assert all(x["ref_right"] and x["cand_answer"] == '"' and x["choices"] == ['"', "z"] for x in lines)
-    bad = GATES.get("tasks").run(GateContext(cfg, FakeEngine(walk), FakeEngine(walk, nan_from=0), tok, tmp_path, tmp_path, "fp"))
+    bad = GATES.get("tasks").run(GateContext(cfg, FakeEngine(walk), FakeEngine(walk, nan_from=0), tok, tmp_path))
     assert bad.status == "nonfinite" and "candidate" in bad.error
 
 
@@ -283,8 +283,7 @@ def test_tasks_on_the_real_model_identity_is_exact_and_damage_is_rejected(defaul
     for name, model in (("identity", default_model.model), ("damaged", _damaged(default_model.model))):
         folder = tmp_path / name
         folder.mkdir()
-        r = GATES.get("tasks").run(GateContext(cfg, ref, HFEngine(model, default_model.tokenizer), default_model.tokenizer,
-                                               folder, tmp_path, default_model.fingerprint))
+        r = GATES.get("tasks").run(GateContext(cfg, ref, HFEngine(model, default_model.tokenizer), default_model.tokenizer, folder))
         out[name] = (r, decide({"tasks": r}, GATES.get("tasks").thresholds(cfg, r)))
     r, v = out["identity"]
     assert r.status == "ok", r.error

@@ -323,18 +323,18 @@ def test_a_per_document_score_is_gated_on_its_mean_and_needs_a_direction(tmp_pat
         cfg = _cfg(_suite(lm_eval="qval_scored", include_path=str(tmp_path), margin=0.05))
         if not higher:
             with pytest.raises(ConfigError, match="does not say whether a higher score is better"):
-                GATES.get("tasks").run(GateContext(cfg, flat, flat, tokenizer, tmp_path, tmp_path, "fp"))
+                GATES.get("tasks").run(GateContext(cfg, flat, flat, tokenizer, tmp_path))
             continue
-        r = GATES.get("tasks").run(GateContext(cfg, flat, flat, tokenizer, tmp_path, tmp_path, "fp"))
+        r = GATES.get("tasks").run(GateContext(cfg, flat, flat, tokenizer, tmp_path))
         s = r.details.suites[0]
         assert s.kind == "mean" and s.drop.ref_value == pytest.approx(0.125) == s.lmeval.reference
         assert decide({"tasks": r}, GATES.get("tasks").thresholds(cfg, r)).approved and "ref_score@qval_scored" in r.measurements
         cfg = _cfg(_suite(lm_eval="qval_scored", include_path=str(tmp_path), margin=0.05, max_flip_rate=0.1))
         with pytest.raises(ConfigError, match="is a score, not right/wrong marks: max_flip_rate does not apply"):
-            GATES.get("tasks").run(GateContext(cfg, flat, flat, tokenizer, tmp_path, tmp_path, "fp"))
+            GATES.get("tasks").run(GateContext(cfg, flat, flat, tokenizer, tmp_path))
     cfg = _cfg(_suite(margin=1.5, limit=4))
     with pytest.raises(ConfigError, match="margin 1.5 is an accuracy drop .* it must be at most 1"):
-        GATES.get("tasks").run(GateContext(cfg, flat, flat, tokenizer, tmp_path, tmp_path, "fp"))
+        GATES.get("tasks").run(GateContext(cfg, flat, flat, tokenizer, tmp_path))
 
 
 def test_a_failing_task_is_a_data_error_and_a_failing_engine_is_not(tmp_path, tokenizer):
@@ -368,7 +368,7 @@ def test_the_gate_on_flat_engines_notes_a_short_task_and_finds_it_uninformative(
 
     cfg = _cfg(_suite(limit=50))
     flat = FlatEngine(len(tokenizer))
-    r = GATES.get("tasks").run(GateContext(cfg, flat, flat, tokenizer, tmp_path, tmp_path, "fp"))
+    r = GATES.get("tasks").run(GateContext(cfg, flat, flat, tokenizer, tmp_path))
     assert r.status == "ok", r.error
     s = r.details.suites[0]
     assert s.n == 40 and s.drop.ref_accuracy == 0.25 == s.lmeval.reference and s.lmeval.max_length == 2048
@@ -478,7 +478,7 @@ def prose_task(tmp_path_factory):
 
 def _gate(cfg, reference, candidate, tokenizer, folder):
     folder.mkdir(parents=True, exist_ok=True)
-    r = GATES.get("tasks").run(GateContext(cfg, reference, candidate, tokenizer, folder, folder, "fp"))
+    r = GATES.get("tasks").run(GateContext(cfg, reference, candidate, tokenizer, folder))
     return r, decide({"tasks": r}, GATES.get("tasks").thresholds(cfg, r))
 
 
