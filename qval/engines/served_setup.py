@@ -182,8 +182,9 @@ def connect(options: ServedOptions, folder: Path | None, *, tokenizer: Any, voca
         raise
     notes = [*(notes or []),
              "scored through the server's prompt log-probabilities: per position its top "
-             f"{options.top_k} and the actual token's; top-1, NLL, perplexity and Δp are exact, KLD is an estimate "
-             "with a strict lower bound (qval/metrics/topk.py)",
+             f"{options.top_k} and the actual token's; top-1, NLL, perplexity and Δp are exact, KLD is gated on an "
+             "estimate set above the plain one (its gain from the top K/2 to the top K added; not a bound), a strict "
+             "lower bound beside it (qval/metrics/topk.py)",
              "a sequence is scored in one request: the server prefills it in its own chunks, not piece by piece",
              f"greedy generation, prompts sent {options.concurrency} at a time (the server batches them as it does in "
              "deployment); EOS suppressed with logit_bias −100 and ignore_eos where a gate suppresses it"]

@@ -66,8 +66,8 @@ def top1_summary(flags: np.ndarray) -> Estimate:
 
 
 #: per-position figures beside an estimated KLD: a snapshot reference's upper bound and audited exact KLD
-#: (qval/snapshot), a top-K candidate's lower bound and unseen mass (qval/metrics/topk.py)
-BOUND_FIELDS = ("kld_upper", "kld_exact", "kld_lower", "unseen_mass")
+#: (qval/snapshot), a top-K candidate's plain estimate, lower bound and unseen mass (qval/metrics/topk.py)
+BOUND_FIELDS = ("kld_upper", "kld_exact", "kld_estimate", "kld_lower", "unseen_mass")
 
 
 def kld_bound_details(a: dict[str, np.ndarray]) -> dict[str, Any]:
@@ -87,11 +87,17 @@ def kld_bound_details(a: dict[str, np.ndarray]) -> dict[str, Any]:
         out["kld_topk"] = {"mean_kld": float(np.mean(a["kld"])), "mean_kld_lower": float(np.mean(a["kld_lower"])),
                            "p99_kld": quantiles(a["kld"], [0.99])["p99"], "p99_kld_lower": quantiles(a["kld_lower"], [0.99])["p99"],
                            "mean_unseen_mass": float(np.mean(a["unseen_mass"])), "p99_unseen_mass": q,
-                           "note": "the candidate is known by its top K log-probabilities (a served engine): the KLD gated is "
-                                   "an estimate, the seen tokens exactly and the unseen ones assumed as damaged as the seen; "
-                                   "mean_kld_lower is a strict lower bound; no upper bound exists from top-K "
-                                   "log-probabilities; unseen_mass is the reference's probability on tokens the candidate "
-                                   "did not show, the part the estimate assumes (qval/metrics/topk.py)"}
+                           "note": "the candidate (or the reference, or both) is known by its top K log-probabilities (a "
+                                   "served engine): the KLD gated is an estimate (the seen tokens exactly, the unseen ones "
+                                   "assumed as damaged as the seen) plus what that estimate gained from the top K/2 to the "
+                                   "top K at each position (both sides served: from the top K/4 on), set above the plain "
+                                   "estimate because the estimate runs under the exact KLD the shorter the list; mean_kld_estimate is the plain estimate, mean_kld_lower a "
+                                   "strict lower bound; no upper bound exists from top-K log-probabilities; unseen_mass is "
+                                   "the reference's probability on tokens not seen on both sides, the part the estimate "
+                                   "assumes (qval/metrics/topk.py)"}
+        if "kld_estimate" in a:
+            out["kld_topk"].update(mean_kld_estimate=float(np.mean(a["kld_estimate"])),
+                                   p99_kld_estimate=quantiles(a["kld_estimate"], [0.99])["p99"])
     if "kld_exact" in a and a["kld_exact"].size == a["kld"].size:  # audited only where every position was computed here
         exact = float(np.mean(a["kld_exact"]))
         out["kld_audit"] = {"mean_kld_exact": exact, "mean_kld_snapshot": float(np.mean(a["kld"])),

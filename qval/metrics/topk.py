@@ -14,15 +14,23 @@ with p|B the distributions conditioned on B. The first two terms are known; the 
 the damage among unseen tokens, is not, and is ≥ 0. So
 
 - `kld_lower` = the first two terms: a strict lower bound (the log-sum inequality), at every position;
-- `kld` = `kld_lower` + R·max(KL(p_r|A ‖ p_c|A), KL over the seen half nearest the tail): the unseen
-  tokens assumed as damaged as the seen ones, or as the least likely seen ones where those are worse
-  (quantization noise grows toward the tail; on the built-in model the seen half nearest the tail
-  tracked it best). This is the figure the gates compare with their limits.
+- `kld_estimate` = `kld_lower` + R·max(KL(p_r|A ‖ p_c|A), KL over the seen half nearest the tail): the
+  unseen tokens assumed as damaged as the seen ones, or as the least likely seen ones where those are worse
+  (quantization noise grows toward the tail);
+- `kld` = `kld_estimate` + max(0, `kld_estimate` − the same estimate from the top K/2 alone): the estimate
+  plus what it gained, at this position, when the list doubled from K/2 to K. This is the figure the gates
+  compare with their limits. The estimate falls short of the exact KLD by less the longer the list, so
+  its last doubling's gain stands for what a longer list would still add (were the shortfall to shrink
+  by a factor ρ per doubling, the rest is the gain × ρ/(1 − ρ): covered for ρ ≤ 1/2); the per-position
+  max(0, ·) keeps the figure at or above the estimate. With both sides served the shortfall shrinks more
+  slowly (the tokens both lists hold are fewer), and the last two doublings' gains are added (K/4 → K/2
+  and K/2 → K, both lists cut; covered for ρ ≤ 1/√2). It is not a bound. How it compares with the exact
+  KLD, per K and per side served, is measured by `benchmarks/topk_kld.py` (benchmarks/RESULTS.md §13).
 
 The reference may be known by its top K too (a served reference): against a served candidate, A is
-then the tokens both top lists hold and the actual token; against full candidate logits, A is the
-reference's top K and the actual token (`topk_reference_stats`). The decomposition, the bound and the
-estimate are the same, with R the reference's mass outside A.
+then the tokens both top lists hold and the actual token, and the shorter lists' estimates cut both; against
+full candidate logits, A is the reference's top K and the actual token (`topk_reference_stats`). The
+decomposition, the bound and the estimate are the same, with R the reference's mass outside A.
 
 No upper bound exists from top-K log-probabilities: a candidate can give any unseen token a
 probability as small as it likes. What the estimate rests on is R ("unseen_mass"), reported beside
@@ -30,6 +38,9 @@ it; `kld − kld_lower` is the part that is assumed, not measured.
 """
 
 from __future__ import annotations
+
+from dataclasses import replace
+from typing import Callable
 
 import torch
 from torch import Tensor
@@ -78,15 +89,25 @@ def _conditional_kld(lr: Tensor, lc: Tensor, mask: Tensor) -> Tensor:
 
 @torch.no_grad()
 def topk_stats(ref: Tensor | Compact, cand: Compact, targets: Tensor) -> dict[str, Tensor]:
-    """`token_stats` for a candidate given by its top K: the same keys ("kld" the estimate above),
-    plus "kld_lower" (strict lower bound) and "unseen_mass" (R). `ref` [N, V] logits or a compact
-    [N] block; `cand` a compact [N] block whose next tokens are `targets`."""
+    """`token_stats` for a candidate given by its top K: the same keys ("kld" the gated figure above),
+    plus "kld_estimate" (the plain estimate), "kld_lower" (strict lower bound) and "unseen_mass" (R).
+    `ref` [N, V] logits or a compact [N] block; `cand` a compact [N] block whose next tokens are `targets`."""
     if cand.top_idx is None:
         raise ValueError("a candidate given compactly must give its top K (a served engine's answer)")
     top, nxt = _checked_answer(cand, "candidate", tuple(ref.shape), (tuple(ref.shape), tuple(cand.shape)), targets)
     lr_ids, best_ref, finite_ref = _ref_at(ref, torch.cat([top, nxt.unsqueeze(1)], dim=1))
     lc_ids = torch.cat([cand.top_logp.cpu(), cand.next_logp.cpu().unsqueeze(1)], dim=1).double()
-    return _partial_stats(top, nxt, lr_ids, lc_ids, best_ref, cand.best.cpu(), finite_ref, cand.finite.cpu().bool())
+    # both served: the shorter lists' estimates know the reference by its shorter list too
+    cut = _reference_cut(ref, torch.cat([top, nxt.unsqueeze(1)], dim=1)) if is_topk_reference(ref) else None
+    return _partial_stats(top, nxt, lr_ids, lc_ids, best_ref, cand.best.cpu(), finite_ref, cand.finite.cpu().bool(), cut)
+
+
+def _reference_cut(ref: Compact, ids: Tensor) -> Callable[[int], Tensor]:
+    """For a reference known by its top K: its log-probabilities at `ids` where it is known by its top K/d only."""
+    assert ref.top_idx is not None and ref.top_logp is not None
+    top_idx, top_logp = ref.top_idx, ref.top_logp
+    return lambda d: _ref_at(replace(ref, top_idx=top_idx[:, : top_idx.shape[-1] // d],
+                                     top_logp=top_logp[:, : top_logp.shape[-1] // d]), ids)[0]
 
 
 def _checked_answer(block: Compact, side: str, other: tuple[int, ...], shapes: tuple[tuple[int, ...], ...],
@@ -128,9 +149,30 @@ def topk_reference_stats(ref: Compact, logits_cand: Tensor, targets: Tensor) -> 
 
 
 def _partial_stats(top: Tensor, nxt: Tensor, lr: Tensor, lc: Tensor, best_ref: Tensor, best_cand: Tensor,
-                   finite_ref: Tensor, finite_cand: Tensor) -> dict[str, Tensor]:
-    """The estimate above over ids = [one side's top K (sorted, most likely first) | the actual token]:
-    `lr`, `lc` [N, K + 1] the two sides' log-probabilities there (NaN where a side does not give one)."""
+                   finite_ref: Tensor, finite_cand: Tensor, ref_cut: Callable[[int], Tensor] | None = None) -> dict[str, Tensor]:
+    """The figures above over ids = [one side's top K (sorted, most likely first) | the actual token]:
+    `lr`, `lc` [N, K + 1] the two sides' log-probabilities there (NaN where a side does not give one).
+    `ref_cut(d)`: with both sides served, the reference's log-probabilities at the same ids where it is known
+    by its top K/d only; then the last two doublings' gains are added, else the last one's."""
+    k = top.shape[-1]
+    lower, estimate, r = _kld_parts(top, nxt, lr, lc)
+    gated, longer = estimate, estimate
+    for div in ((2, 4) if ref_cut is not None else (2,)):
+        cols = [*range(k // div), k]  # the top K/div and the actual token
+        _, shorter, _ = _kld_parts(top[:, : k // div], nxt, (lr if ref_cut is None else ref_cut(div))[:, cols], lc[:, cols])
+        gated = gated + (longer - shorter).clamp(min=0.0)
+        longer = shorter
+    both = finite_ref & finite_cand
+    top1 = (best_ref == best_cand) & both
+    out = position_stats(gated, top1, lr[:, k], lc[:, k], finite_ref, finite_cand)
+    out["kld_estimate"] = _to_cpu64(_nan_where_not(estimate, both))
+    out["kld_lower"] = _to_cpu64(_nan_where_not(lower, both))
+    out["unseen_mass"] = _to_cpu64(_nan_where_not(r, both))
+    return out
+
+
+def _kld_parts(top: Tensor, nxt: Tensor, lr: Tensor, lc: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """Per position: the strict lower bound, the estimate and R over ids = [top K | the actual token]."""
     k = top.shape[-1]
     # the actual token counted once: where it is among the top K, its own column stands aside
     dup = torch.zeros(lr.shape, dtype=torch.bool)
@@ -144,10 +186,4 @@ def _partial_stats(top: Tensor, nxt: Tensor, lr: Tensor, lc: Tensor, best_ref: T
     low_half = seen.clone()
     low_half[:, : k // 2] = False  # the top K is sorted: its less likely half, and the actual token
     shape = torch.maximum(_conditional_kld(lr, lc, seen), _conditional_kld(lr, lc, low_half).nan_to_num(nan=0.0))
-    estimate = lower + r * shape.nan_to_num(nan=0.0)
-    both = finite_ref & finite_cand
-    top1 = (best_ref == best_cand) & both
-    out = position_stats(estimate, top1, lr[:, k], lc[:, k], finite_ref, finite_cand)
-    out["kld_lower"] = _to_cpu64(_nan_where_not(lower, both))
-    out["unseen_mass"] = _to_cpu64(_nan_where_not(r, both))
-    return out
+    return lower, lower + r * shape.nan_to_num(nan=0.0), r

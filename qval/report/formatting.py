@@ -148,11 +148,14 @@ def kld_bound_text(d: Scored) -> str | None:
                      f"{fmt(a.mean_kld_exact)}, relative difference {100 * number(a.relative_difference):+.2f} %")
         parts.append(text + ".")
     if t := d.kld_topk:
-        parts.append(f"KLD of a candidate known by its top K log-probabilities (a served engine): the gated estimate, mean "
-                     f"{fmt(t.mean_kld)} (p99 {fmt(t.p99_kld)}), is at least {fmt(t.mean_kld_lower)} "
+        plain = (f"; the plain estimate it is set from: mean {fmt(t.mean_kld_estimate)} (p99 {fmt(t.p99_kld_estimate)})"
+                 if t.mean_kld_estimate is not None else "")
+        parts.append(f"KLD where a side is known by its top K log-probabilities (a served engine): the gated figure, mean "
+                     f"{fmt(t.mean_kld)} (p99 {fmt(t.p99_kld)}), is the estimate plus what it gained from the top K/2 (both "
+                     f"sides served: the top K/4) to the top K{plain}; the KLD is at least {fmt(t.mean_kld_lower)} "
                      f"(p99 {fmt(t.p99_kld_lower)}, strict lower bound); the reference puts "
                      f"{fmt(t.mean_unseen_mass)} of its probability on average (p99 {fmt(t.p99_unseen_mass)}) "
-                     "on tokens the candidate did not show, where the estimate assumes the damage it measured on the seen "
+                     "on tokens not seen on both sides, where the estimate assumes the damage it measured on the seen "
                      "ones; no upper bound exists from top-K log-probabilities.")
     return " ".join(parts) or None
 

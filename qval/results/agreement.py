@@ -45,7 +45,8 @@ class KldBound(Block):
 
 
 class KldTopK(Block):
-    """A candidate known by its top K: the gated estimate, its strict lower bound and the unseen mass."""
+    """A side known by its top K: the gated figure, the plain estimate it is set from (absent in reports
+    written before 2026-12-05), its strict lower bound and the unseen mass."""
 
     mean_kld: Num
     mean_kld_lower: Num
@@ -54,6 +55,8 @@ class KldTopK(Block):
     mean_unseen_mass: Num
     p99_unseen_mass: Num
     note: str
+    mean_kld_estimate: Num | None = None
+    p99_kld_estimate: Num | None = None
 
 
 class KldAudit(Block):

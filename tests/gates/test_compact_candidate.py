@@ -27,6 +27,7 @@ def test_a_top_k_candidate_passes_the_identity_limits_through_every_gate(tmp_pat
     a = report["gates"]["agreement"]
     assert a["measurements"]["top1"]["value"] == 1.0 and a["measurements"]["mean_kld"]["value"] == 0.0
     assert a["details"]["kld_topk"]["mean_kld_lower"] == 0.0 and 0 < a["details"]["kld_topk"]["mean_unseen_mass"] < 1
+    assert a["details"]["kld_topk"]["mean_kld_estimate"] == 0.0  # the plain estimate beside the gated figure
     assert report["gates"]["quality"]["measurements"]["ppl_ratio"]["value"] == 1.0
     md = (tmp_path / "reports/topk-identity/report.md").read_text()
-    assert "known by its top K log-probabilities" in md and "strict lower bound" in md
+    assert "known by its top K log-probabilities" in md and "strict lower bound" in md and "the plain estimate" in md
