@@ -91,10 +91,10 @@ def kld_bound_details(a: dict[str, np.ndarray]) -> dict[str, Any]:
                                    "served engine): the KLD gated is an estimate (the seen tokens exactly, the unseen ones "
                                    "assumed as damaged as the seen) plus what that estimate gained from the top K/2 to the "
                                    "top K at each position (both sides served: from the top K/4 on), set above the plain "
-                                   "estimate because the estimate runs under the exact KLD the shorter the list; mean_kld_estimate is the plain estimate, mean_kld_lower a "
-                                   "strict lower bound; no upper bound exists from top-K log-probabilities; unseen_mass is "
-                                   "the reference's probability on tokens not seen on both sides, the part the estimate "
-                                   "assumes (qval/metrics/topk.py)"}
+                                   "estimate because the estimate runs under the exact KLD the shorter the list; "
+                                   "mean_kld_estimate is the plain estimate, mean_kld_lower a strict lower bound; no upper "
+                                   "bound exists from top-K log-probabilities; unseen_mass is the reference's probability on "
+                                   "tokens not seen on both sides, the part the estimate assumes (qval/metrics/topk.py)"}
         if "kld_estimate" in a:
             out["kld_topk"].update(mean_kld_estimate=float(np.mean(a["kld_estimate"])),
                                    p99_kld_estimate=quantiles(a["kld_estimate"], [0.99])["p99"])
