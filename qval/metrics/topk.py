@@ -95,10 +95,11 @@ def topk_stats(ref: Tensor | Compact, cand: Compact, targets: Tensor) -> dict[st
     if cand.top_idx is None:
         raise ValueError("a candidate given compactly must give its top K (a served engine's answer)")
     top, nxt = _checked_answer(cand, "candidate", tuple(ref.shape), (tuple(ref.shape), tuple(cand.shape)), targets)
-    lr_ids, best_ref, finite_ref = _ref_at(ref, torch.cat([top, nxt.unsqueeze(1)], dim=1))
+    ids = torch.cat([top, nxt.unsqueeze(1)], dim=1)
+    lr_ids, best_ref, finite_ref = _ref_at(ref, ids)
     lc_ids = torch.cat([cand.top_logp.cpu(), cand.next_logp.cpu().unsqueeze(1)], dim=1).double()
     # both served: the shorter lists' estimates know the reference by its shorter list too
-    cut = _reference_cut(ref, torch.cat([top, nxt.unsqueeze(1)], dim=1)) if is_topk_reference(ref) else None
+    cut = _reference_cut(ref, ids) if is_topk_reference(ref) else None
     return _partial_stats(top, nxt, lr_ids, lc_ids, best_ref, cand.best.cpu(), finite_ref, cand.finite.cpu().bool(), cut)
 
 
