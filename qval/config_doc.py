@@ -333,7 +333,7 @@ def render() -> str:
     for entry in [e for e in entries if not e[3]]:
         lines += _section(*entry)
     Sized = _sized()
-    lines += ["### A sized limit: `{sized: true, alpha, beta}`", "", _section_doc(Sized), ""]
+    lines += ["### A sized limit: `{sized: true, alpha, beta, healthy}`", "", _section_doc(Sized), ""]
     lines += _table(Sized, list(Sized.model_fields)) + [""]
     for entry in [e for e in entries if e[3]]:
         lines += _section(*entry)

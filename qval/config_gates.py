@@ -10,6 +10,7 @@ every name) and this module share it without an import cycle.
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Annotated, Any, Literal, Union
 
@@ -23,11 +24,24 @@ class Strict(BaseModel):
 
 
 class Sized(Strict):
-    """A threshold sized from the reference's own noise: ref ± Φ⁻¹(α)·sqrt(2σ²/n)."""
+    """A threshold sized from the reference's own noise: ref ± Φ⁻¹(α)·sqrt(2σ²/n), or, where `healthy`
+    is given, healthy ± the same margin (a ratio: healthy × the margin's factor)."""
 
     sized: Literal[True] = True  # marks the limit as sized from the reference's own spread
-    alpha: float = Field(0.05, gt=0, lt=0.5)  # one-sided level: how often a candidate at the reference's level fails
+    alpha: float = Field(0.05, gt=0, lt=0.5)  # one-sided level: how often a candidate at the reference's level (at `healthy`, where given) fails
     beta: float = Field(0.2, gt=0, lt=0.5)  # 1 − power at the smallest detectable effect printed beside the check
+    #: the figure a healthy candidate of this format is expected to show, measured over healthy variants (a
+    #: quantized model's greedy text is never the reference's mode, so its judge NLL excess is above 0): the
+    #: limit is sized around it, so α is the false-reject rate there. Absent: the reference's own level.
+    #: A number in the config, never from the candidate: a worse candidate cannot widen the limit
+    healthy: float | None = None
+
+    @field_validator("healthy", mode="before")
+    @classmethod
+    def _a_number(cls, v: Any) -> Any:
+        if isinstance(v, bool):
+            raise ValueError("must be a number (the figure a healthy candidate is expected to show), not a boolean")
+        return v
 
 
 Limit = Union[float, Sized, None]
@@ -43,7 +57,7 @@ def _sets_a_threshold(section: Any, table: GateMetrics) -> Any:
 
 
 # Thresholds of gates 2 and 3: an absolute limit (a number in the figure's own unit) or
-# `{sized: true, alpha, beta}`, sized from the data the way DESIGN.md describes. They are checked
+# `{sized: true, alpha, beta, healthy}`, sized from the data the way DESIGN.md describes. They are checked
 # by `_limit` before the union sees them, so a bad value gets one plain message, not one per branch.
 CountLimit = Union[int, Sized, None]
 
@@ -55,16 +69,22 @@ def _limit(v: Any, m: Metric) -> Any:
         raise ValueError("cannot be sized: the only spread it could be sized from is the candidate's own, so a "
                          "worse (noisier) candidate would get a looser limit; give an absolute limit (the check "
                          "meets it with the figure's 95% interval bound, so noise makes it stricter, never looser)")
-    if v is None or isinstance(v, Sized):
+    if v is None:
         return v
     if isinstance(v, dict):
         unknown = sorted(set(v) - set(Sized.model_fields))
         if unknown:
-            raise ValueError(f"unknown key(s) {', '.join(unknown)} in a sized threshold; allowed: sized, alpha, beta")
+            raise ValueError(f"unknown key(s) {', '.join(unknown)} in a sized threshold; allowed: sized, alpha, beta, healthy")
         try:
-            return Sized.model_validate(v)
+            v = Sized.model_validate(v)
         except ValidationError as err:
             raise ValueError("; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in err.errors())) from None
+    if isinstance(v, Sized):
+        h = v.healthy
+        if h is not None and (isinstance(h, bool) or not math.isfinite(h) or h < m.lo or (m.hi is not None and h > m.hi)):
+            raise ValueError(f"healthy must be a number in [{m.lo:g}, {'∞' if m.hi is None else f'{m.hi:g}'}] (the figure a "
+                             f"healthy candidate is expected to show; {m.lo:g} is the reference's own level), got {h!r}")
+        return v
     if isinstance(v, bool) or not isinstance(v, (int, float)):
         raise ValueError("must be a number, or {sized: true} (optionally with alpha and beta)")
     if m.integer and v != int(v):

@@ -119,9 +119,14 @@ class Check:
     #: the normal model of `metrics.thresholds.absolute_rates` for an absolute one; None where not stated
     size: float | None = None
     size_basis: str | None = None
+    #: a sized check's centre where its config states one (`Sized.healthy`): the figure a healthy candidate shows
+    healthy: float | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        d = asdict(self)
+        if d["healthy"] is None:  # only where a check states one: a report without it reads the same as before
+            del d["healthy"]
+        return d
 
 
 @dataclass(frozen=True)
@@ -168,8 +173,10 @@ def stated_rates(t: Threshold, est: Estimate | None) -> tuple[float | None, floa
     """(size, detectable, basis) the check states: a sized check its α and the detectable effect it
     was sized for; an absolute one `absolute_rates` at this candidate's noise."""
     if t.source == "sized":
-        alpha = t.detail.get("alpha")
-        return alpha, t.detectable, (f"sized from the reference's spread at α = {alpha:g}" if alpha is not None else None)
+        alpha, healthy = t.detail.get("alpha"), t.detail.get("healthy")
+        basis = None if alpha is None else f"sized from the reference's spread at α = {alpha:g}" + (
+            "" if healthy is None else f", around the healthy figure {healthy:g} its config states (α there; less at the reference's level)")
+        return alpha, t.detectable, basis
     row = row_of(t.gate, t.metric)
     if est is None or row is None or not math.isfinite(est.value) or not math.isfinite(t.limit):
         return None, t.detectable, None
@@ -188,7 +195,8 @@ def _check(t: Threshold, result: GateResult | None) -> Check:
 
     def make(value: float | None, lo: float | None, hi: float | None, outcome: str, reason: str) -> Check:
         return Check(t.gate, t.metric, t.description, value, lo, hi, t.op, t.limit, t.source,
-                     t.min_detectable_effect, outcome, reason, detectable, t.on, size, basis)  # type: ignore[arg-type]
+                     t.min_detectable_effect, outcome, reason, detectable, t.on, size, basis,  # type: ignore[arg-type]
+                     t.detail.get("healthy") if t.source == "sized" else None)
 
     if result is None:
         return make(None, None, None, "fail", f"gate {t.gate} did not run, so {t.metric} was never measured")

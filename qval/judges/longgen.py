@@ -192,25 +192,28 @@ def window_series(tfs: list[dict[str, np.ndarray]], judges: list[np.ndarray], re
 def _sized(m: Metric, limit: Sized, z: dict[str, Any]) -> Threshold:
     """Sized limits of the health excesses, n = prompts, from the REFERENCE's own spread only, by
     the row's sizing rule (its late seq-rep-4 and NLL per prompt, its loop / EOS rate): nothing the
-    candidate does can widen them. The drift-type figures (late top-1, late KLD, drift) are absolute."""
+    candidate does can widen them. Centred on the config's `healthy` figure where it states one (the
+    excess a healthy candidate is measured to show), else on the reference's own level, 0. The
+    drift-type figures (late top-1, late KLD, drift) are absolute."""
     rule = m.sizing
     assert rule is not None, f"the row of {m.field} allows a sized limit but names no sizing rule"
     sigma = rule.sigma(z)
-    ref, n = 0.0, z["prompts"]
+    ref, n = (limit.healthy or 0.0), z["prompts"]
     if n < 2 and rule.scale_by_n:
         # one prompt gives no rate to size against: the count falls back to the strict limit
         # (no more than the reference), which is what sizing gives when the reference never does it
-        return Threshold("longgen", m.key, m.op, 0.0, f"{m.label} (one prompt: cannot be sized, strict limit 0)",
-                         "sized", None, {"sigma": None, "n": n, "alpha": limit.alpha, "beta": limit.beta, "relative_to": 0.0})
+        return Threshold("longgen", m.key, m.op, ref, f"{m.label} (one prompt: cannot be sized, strict limit {ref:g})",
+                         "sized", None, {"sigma": None, "n": n, "alpha": limit.alpha, "beta": limit.beta, "relative_to": ref,
+                                         "healthy": limit.healthy})
     try:
-        s = sized_threshold(ref, sigma, n, alpha=limit.alpha, beta=limit.beta, higher_is_better=False)
+        s = sized_threshold(0.0, sigma, n, alpha=limit.alpha, beta=limit.beta, higher_is_better=False)
     except ValueError as err:
         return Threshold("longgen", m.key, m.op, float("nan"), f"{m.label} (cannot be sized: {err})", "sized")
     scale = n if rule.scale_by_n else 1
     effect = s.min_detectable_effect * scale
-    return Threshold("longgen", m.key, m.op, ref + (s.threshold - ref) * scale, m.label, "sized",
+    return Threshold("longgen", m.key, m.op, ref + s.threshold * scale, m.label, "sized",
                      effect, {"sigma": sigma, "n": n, "alpha": limit.alpha, "beta": limit.beta, "relative_to": ref,
-                              "sized_from": "the reference's own spread"},
+                              "healthy": limit.healthy, "sized_from": "the reference's own spread"},
                      detectable=ref + effect)
 
 

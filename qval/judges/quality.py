@@ -44,28 +44,33 @@ def _sized_ppl(limit: Sized, result: GateResult) -> Threshold:
     """Paired sizing on the log scale. log(ratio) = mean(d), d = nll_c − nll_r per position; its
     noise is σ_d/√n. DESIGN's sqrt(2σ²/n) is the noise of a difference of two independent means;
     with paired data the difference's own σ_d replaces it (σ² := σ_d²/2 gives sqrt(2σ²/n) = σ_d/√n).
-    threshold = exp(|Φ⁻¹(α)|·σ_d/√n); the detectable effect is a relative PPL increase exp(θ) − 1.
+    threshold = h·exp(|Φ⁻¹(α)|·σ_d/√n), h the config's `healthy` ratio (1: the reference's level); the
+    detectable effect is a relative PPL increase exp(θ) − 1 over h.
     """
     p = parse(QualityDetails, result.details, "gate quality's result").ppl
     sigma_d, n = p.sigma_nll_diff, p.positions
+    h = limit.healthy if limit.healthy is not None else 1.0
     s = sized_threshold(0.0, sigma_d / math.sqrt(2.0), n, alpha=limit.alpha, beta=limit.beta, higher_is_better=False)
-    return Threshold("quality", _PPL.key, _PPL.op, math.exp(s.threshold), _PPL.label,
+    return Threshold("quality", _PPL.key, _PPL.op, h * math.exp(s.threshold), _PPL.label,
                      "sized", math.exp(s.min_detectable_effect) - 1.0,
-                     {"sigma_nll_diff": sigma_d, "n": n, "alpha": limit.alpha, "beta": limit.beta,
+                     {"sigma_nll_diff": sigma_d, "n": n, "alpha": limit.alpha, "beta": limit.beta, "healthy": limit.healthy,
                       "effect_unit": "relative PPL increase (ratio − 1)", "test": "paired, one-sided, on log PPL"},
-                     detectable=math.exp(s.min_detectable_effect))
+                     detectable=h * math.exp(s.min_detectable_effect))
 
 
 def _sized_drop(m: Metric, lang_key: str, limit: Sized, result: GateResult, what: str) -> Threshold:
     """TRT-LLM sizing of a BLEU/chrF drop: σ = per-sentence score std of the reference's
-    generations, n = sentences; threshold = |Φ⁻¹(α)|·sqrt(2σ²/n) points of drop."""
+    generations, n = sentences; threshold = h + |Φ⁻¹(α)|·sqrt(2σ²/n) points of drop, h the config's
+    `healthy` drop (0: the reference's level)."""
     score = m.key.removesuffix("_drop")  # "bleu", "chrf": the group's figures are named after it
     grp = _groups(result)[lang_key]
     sigma, n = grp.sentence_sigma(score), grp.sentences
+    h = limit.healthy or 0.0
     s = sized_threshold(0.0, sigma, n, alpha=limit.alpha, beta=limit.beta, higher_is_better=False)
-    return Threshold("quality", f"{m.key}_{lang_key}", m.op, s.threshold, what, "sized", s.min_detectable_effect,
-                     {"sigma": sigma, "n": n, "alpha": limit.alpha, "beta": limit.beta, "effect_unit": f"{score} points"},
-                     detectable=s.min_detectable_effect)
+    return Threshold("quality", f"{m.key}_{lang_key}", m.op, h + s.threshold, what, "sized", s.min_detectable_effect,
+                     {"sigma": sigma, "n": n, "alpha": limit.alpha, "beta": limit.beta, "healthy": limit.healthy,
+                      "effect_unit": f"{score} points"},
+                     detectable=h + s.min_detectable_effect)
 
 
 def _groups(result: GateResult) -> dict[str, LangGroup]:

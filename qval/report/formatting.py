@@ -54,9 +54,11 @@ def estimate(e: dict[str, Any] | None) -> str:
 
 def threshold_text(c: dict[str, Any]) -> str:
     """'≤ 0.037 (sized), detects ≥ 0.049': the limit, and for a sized one the value of the figure
-    a candidate must reach to be rejected with the configured power (1 − β)."""
+    a candidate must reach to be rejected with the configured power (1 − β); 'sized around 0.005'
+    where the config centres it on a healthy candidate's figure."""
     sign = "≤" if c["op"] == "max" else "≥"
-    thr = f"{sign} {fmt(c['limit'])} ({c['source']})"
+    around = "" if c.get("healthy") is None else f" around {fmt(c['healthy'])}"  # sized around a stated healthy figure
+    thr = f"{sign} {fmt(c['limit'])} ({c['source']}{around})"
     if c.get("detectable") is not None:
         thr += f", detects {'≥' if c['op'] == 'max' else '≤'} {fmt(c['detectable'])}"
     elif c.get("min_detectable_effect") is not None:  # reports written before `detectable` existed

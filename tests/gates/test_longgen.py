@@ -187,6 +187,23 @@ def test_sized_thresholds_worked_numbers() -> None:
     assert one.limit == 0.0 and "strict limit 0" in one.description
 
 
+def test_a_sized_limit_centred_on_a_stated_healthy_figure() -> None:
+    """`healthy` moves the centre, never the margin: the limit is healthy + the same 0.4112134 as around 0,
+    the detectable figure moves with it, and the report's check states the centre and α there."""
+    z = {"prompts": 8, "ref_late_seq_rep4_sigma": 0.2, "ref_late_nll_sigma": 0.5, "ref_loop_rate": 0.25, "ref_eos_rate": 0.0}
+    at0, at_h = _sized(ROW["judge_nll_excess"], Sized(), z), _sized(ROW["judge_nll_excess"], Sized(healthy=0.05), z)
+    assert at_h.limit == pytest.approx(0.05 + 0.4112134, abs=1e-7) and at_h.limit - at0.limit == pytest.approx(0.05)
+    assert at_h.detectable - at0.detectable == pytest.approx(0.05) and at_h.min_detectable_effect == at0.min_detectable_effect
+    assert (at_h.detail["healthy"], at_h.detail["relative_to"], at0.detail["healthy"]) == (0.05, 0.05, None)
+    # a count: the centre is in prompts, the margin scaled to prompts as before
+    loops = _sized(ROW["loops_excess"], Sized(healthy=1.0), z)
+    assert loops.limit == pytest.approx(1.0 + 2.84897, abs=1e-4)
+    res = GateResult("longgen", "ok", {"judge_nll_excess": Estimate(0.44, n=8)}, {})
+    c0, ch = decide({"longgen": res}, [at0]).checks[0], decide({"longgen": res}, [at_h]).checks[0]
+    assert (c0.outcome, ch.outcome) == ("fail", "pass") and (c0.healthy, ch.healthy) == (None, 0.05)
+    assert "around the healthy figure 0.05" in ch.size_basis and ch.size == c0.size == 0.05  # α, at the centre
+
+
 def test_config_rules() -> None:
     base = {"name": "x", "quant": {"format": "none"}, "gates": {"agreement": {"min_top1": 0.5}}}
     with pytest.raises(ConfigError, match="early and late parts would overlap; use edge <= 64"):

@@ -159,6 +159,22 @@ def test_sized_bleu_drop_worked_numbers() -> None:
     assert looser.limit > t.limit  # a smaller false-reject rate widens the threshold
 
 
+def test_sized_quality_limits_centred_on_a_stated_healthy_figure() -> None:
+    # the PPL ratio: healthy 1.02 multiplies the sized factor (1.0032951 around 1); a drop adds to it (9.4966 around 0)
+    ppl = _sized_ppl(Sized(healthy=1.02), _result({"ppl": {"sigma_nll_diff": 0.2, "positions": 10000}}))
+    assert ppl.limit == pytest.approx(1.02 * 1.0032951, abs=1e-6) and ppl.detectable == pytest.approx(1.02 * 1.0049853, abs=1e-6)
+    assert ppl.detail["healthy"] == 1.02
+    res = _result({"bleu": {"groups": {"en": {"bleu_sentence_sigma": 20.0, "sentences": 24}}}})
+    drop = _sized_drop(QUALITY.by_field("max_bleu_drop"), "en", Sized(healthy=2.0), res, "drop")
+    assert drop.limit == pytest.approx(11.4966, abs=1e-4) and drop.detectable == pytest.approx(16.3557, abs=1e-4)
+    # a centre below the reference's own level (a ratio under 1, a negative drop) is refused, with the range
+    for field, bad, lo in (("max_ppl_ratio", 0.99, "1"), ("max_bleu_drop", -1.0, "0")):
+        with pytest.raises(ConfigError, match=rf"max_{field[4:]} = .*healthy must be a number in \[{lo}, "):
+            _cfg(**{field: {"sized": True, "healthy": bad}})
+    with pytest.raises(ConfigError, match=r"max_chrf_drop\.healthy = True: a boolean .* is not a number here"):
+        _cfg(max_chrf_drop={"sized": True, "healthy": True})
+
+
 def _cfg(**quality) -> object:
     return parse_config({"name": "q", "quant": {"format": "none"}, "gates": {"agreement": {"min_top1": 0.5}, "quality": quality}}, "q.yaml")
 

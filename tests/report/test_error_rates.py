@@ -35,6 +35,16 @@ def outcome_at(c: dict, limit: float) -> str:
     return "pass" if (end <= limit if c["op"] == "max" else end >= limit) else "fail"
 
 
+def outcome_of(c: dict, entry: dict) -> str:
+    """A stored check judged at the table's limit: an absolute one at `limit`; a sized one re-centred on a
+    `healthy` figure at its stored limit + that figure (stored limits were sized around the reference's 0)."""
+    if "limit" in entry:
+        return outcome_at(c, entry["limit"])
+    if entry.get("healthy") is not None:
+        return outcome_at({**c, "on": "value"}, c["limit"] + entry["healthy"])
+    return c["outcome"]
+
+
 def test_the_table_is_the_stored_measurement() -> None:
     assert set(MEASURED) >= {"fp8_kvfp16"}
     for name, m in MEASURED.items():
@@ -43,12 +53,11 @@ def test_the_table_is_the_stored_measurement() -> None:
         assert set(m["checks"]) == set(runs[0]["checks"]), name
         rejected = 0
         for r in runs:
-            outcomes = {key: (outcome_at(r["checks"][key], e["limit"]) if "limit" in e else r["checks"][key]["outcome"])
-                        for key, e in m["checks"].items()}
+            outcomes = {key: outcome_of(r["checks"][key], e) for key, e in m["checks"].items()}
             rejected += "fail" in outcomes.values()
         assert m["rejected"] == rejected, name
         for key, entry in m["checks"].items():
-            judged = [outcome_at(r["checks"][key], entry["limit"]) if "limit" in entry else r["checks"][key]["outcome"] for r in runs]
+            judged = [outcome_of(r["checks"][key], entry) for r in runs]
             assert entry["failed"] == judged.count("fail"), (name, key)
             assert entry.get("uninformative", 0) == judged.count("uninformative"), (name, key)
             c = runs[0]["checks"][key]
@@ -77,7 +86,7 @@ def test_the_shipped_check_file_has_the_measured_limits(name: str) -> None:
         else:
             limit = getattr(section, row.field)
         if "alpha" in entry:
-            assert limit.sized and limit.alpha == entry["alpha"], key
+            assert limit.sized and limit.alpha == entry["alpha"] and limit.healthy == entry.get("healthy"), key
         else:
             assert limit == entry["limit"], key
 
@@ -86,9 +95,16 @@ def test_a_report_shows_the_measured_rate_only_at_the_measured_limits() -> None:
     checks = [{"gate": "agreement", "metric": "top1", "limit": 0.86, "source": "absolute", "size": 0.0},
               {"gate": "longgen", "metric": "judge_nll_excess", "limit": 0.02, "source": "sized", "size": 0.005}]
     rates = for_report("fp8_kvfp16", checks)
-    assert rates["checks"]["agreement/top1"]["failed"] == 0 and "longgen/judge_nll_excess" in rates["checks"]
+    # the table's judge-NLL entry was judged around healthy 0.005: a check sized around 0 is another limit
+    assert rates["checks"]["agreement/top1"]["failed"] == 0 and "longgen/judge_nll_excess" not in rates["checks"]
+    assert "measured at other limits: longgen/judge_nll_excess" in rates["why_not"]
+    checks[1]["healthy"] = 0.005
+    rates = for_report("fp8_kvfp16", checks)
+    assert "longgen/judge_nll_excess" in rates["checks"]
     assert rates["file"] is None and "checks this run lacks" in file_text(rates)  # the rest of the file's checks are missing
-    assert size_cell(checks[1], rates) == f"≤ 0.005 (α); measured 0/{MEASURED['fp8_kvfp16']['variants']}"
+    assert size_cell(checks[1], rates) == (f"≤ 0.005 (α; at 0.005, the healthy figure it is sized around); "
+                                           f"measured 0/{MEASURED['fp8_kvfp16']['variants']}")
+    assert size_cell({**checks[1], "healthy": None}, None) == "≤ 0.005 (α)"
     moved = for_report("fp8_kvfp16", [{**checks[0], "limit": 0.87}])
     assert moved["checks"] == {} and "measured at other limits: agreement/top1" in file_text(moved)
     assert for_report("my_check", checks) == {"measured": False} and "not measured" in file_text({"measured": False})
