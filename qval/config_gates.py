@@ -81,7 +81,7 @@ def _limit(v: Any, m: Metric) -> Any:
             raise ValueError("; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in err.errors())) from None
     if isinstance(v, Sized):
         h = v.healthy
-        if h is not None and (isinstance(h, bool) or not math.isfinite(h) or h < m.lo or (m.hi is not None and h > m.hi)):
+        if h is not None and (not math.isfinite(h) or h < m.lo or (m.hi is not None and h > m.hi)):  # a boolean: Sized refuses it
             raise ValueError(f"healthy must be a number in [{m.lo:g}, {'∞' if m.hi is None else f'{m.hi:g}'}] (the figure a "
                              f"healthy candidate is expected to show; {m.lo:g} is the reference's own level), got {h!r}")
         return v
