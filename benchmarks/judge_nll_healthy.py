@@ -54,20 +54,21 @@ def main() -> None:
     print(f"pooled: {summary(pooled)}")
     m, s = statistics.mean(pooled), statistics.stdev(pooled)
     normal = statistics.NormalDist(m, s)
+    every = [r for rs in all_runs.values() for r in rs]
+    limits = sorted({round(r["checks"][KEY]["limit"], 9) for r in every})
+    healthy_runs = [r["checks"][KEY] for r in every if r["variant"] in ("shipped", "healthy")]
+    faults = sorted((r for r in every if r["variant"] == "fault"), key=lambda r: r["name"])
     for h in a.centres:
-        limits = {round(r["checks"][KEY]["limit"], 9) for rs in all_runs.values() for r in rs}
-        print(f"\ncentre {h:g}: limit(s) {', '.join(f'{x + h:.4f}' for x in sorted(limits))}")
-        fails = sum(v > lim + h for rs in all_runs.values() for r in rs if r["variant"] in ("shipped", "healthy")
-                    for v, lim in [(r["checks"][KEY]["value"], r["checks"][KEY]["limit"])])
-        print(f"  healthy: normal-fit false-reject rate {1 - normal.cdf(min(limits) + h):.4f}; failed in sample {fails} of {len(pooled)}")
-        for rs in all_runs.values():
-            for r in sorted(rs, key=lambda r: r["name"]):
-                c = r["checks"][KEY]
-                if r["variant"] != "fault" or not (c["limit"] < c["value"] <= c["limit"] + h):
-                    continue
-                others = [k for k, v in r["checks"].items() if v["outcome"] == "fail" and k != KEY]
-                print(f"  fault {r['name']}: {c['value']:.4f} passes now; "
-                      + (f"still rejected by {len(others)} other checks" if others else "LOST: no other check rejected it"))
+        print(f"\ncentre {h:g}: limit(s) {', '.join(f'{x + h:.4f}' for x in limits)}")
+        fails = sum(c["value"] > c["limit"] + h for c in healthy_runs)
+        print(f"  healthy: normal-fit false-reject rate {1 - normal.cdf(limits[0] + h):.4f}; failed in sample {fails} of {len(pooled)}")
+        for r in faults:
+            c = r["checks"][KEY]
+            if not c["limit"] < c["value"] <= c["limit"] + h:
+                continue
+            others = [k for k, v in r["checks"].items() if v["outcome"] == "fail" and k != KEY]
+            print(f"  fault {r['name']}: {c['value']:.4f} passes now; "
+                  + (f"still rejected by {len(others)} other checks" if others else "LOST: no other check rejected it"))
 
 
 if __name__ == "__main__":

@@ -80,18 +80,26 @@ def _limit(v: Any, m: Metric) -> Any:
         except ValidationError as err:
             raise ValueError("; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in err.errors())) from None
     if isinstance(v, Sized):
-        h = v.healthy
-        if h is not None and (not math.isfinite(h) or h < m.lo or (m.hi is not None and h > m.hi)):  # a boolean: Sized refuses it
-            raise ValueError(f"healthy must be a number in [{m.lo:g}, {'∞' if m.hi is None else f'{m.hi:g}'}] (the figure a "
-                             f"healthy candidate is expected to show; {m.lo:g} is the reference's own level), got {h!r}")
+        h = v.healthy  # a boolean: Sized refuses it
+        if h is not None and (not math.isfinite(h) or not _within(h, m)):
+            raise ValueError(f"healthy must be a number in {_bounds(m)} (the figure a healthy candidate is expected to "
+                             f"show; {m.lo:g} is the reference's own level), got {h!r}")
         return v
     if isinstance(v, bool) or not isinstance(v, (int, float)):
         raise ValueError("must be a number, or {sized: true} (optionally with alpha and beta)")
     if m.integer and v != int(v):
         raise ValueError("must be a whole number (it counts prompts)")
-    if v < m.lo or (m.hi is not None and v > m.hi):
-        raise ValueError(f"must lie in [{m.lo:g}, {'∞' if m.hi is None else f'{m.hi:g}'}]")
+    if not _within(v, m):
+        raise ValueError(f"must lie in {_bounds(m)}")
     return int(v) if m.integer else float(v)
+
+
+def _within(v: float, m: Metric) -> bool:
+    return v >= m.lo and (m.hi is None or v <= m.hi)
+
+
+def _bounds(m: Metric) -> str:
+    return f"[{m.lo:g}, {'∞' if m.hi is None else f'{m.hi:g}'}]"
 
 
 class AgreementGate(Strict):
