@@ -4,11 +4,14 @@ format; KV cache fp8, whose cache is quantized on entry), each scored as a chunk
 through the KV cache (crossing the growing cache's first reallocation), as an answer after a
 prefilled prompt, and greedily decoded from left-padded batches.
 
-`figures()` is what tests/engines/test_runtime_golden.py compares with the golden file written
-from the code before the runtime became an engine component (issue 27); run as a module it writes
-that file:
+`figures()` is what tests/engines/test_runtime.py compares with the golden file, whose figure sets
+were written from the code before the runtime became an engine component (issue 27, commit
+119052e), one set a kind of CPU. Run as a module from a checkout of that code (this file copied
+into it) it adds this CPU's set to the file, or replaces the set of the same environment and
+machine key:
 
-    python -m tests.engines.runtime_figures tests/engines/golden/runtime_cpu.json
+    git worktree add /tmp/pre 119052e && cp tests/engines/runtime_figures.py /tmp/pre/tests/engines/
+    cd /tmp/pre && python -m tests.engines.runtime_figures /path/to/tests/engines/golden/runtime_cpu.json
 """
 
 from __future__ import annotations
@@ -74,7 +77,7 @@ def calibrated(reference: Any, kv: str, folder: Path) -> Path:
 
 
 def candidate(reference: Any, kv: str, folder: Path, options: dict[str, Any] | None = None) -> Any:
-    from qval.engines import BUILDERS
+    from qval import engines
     from qval.engines.base import BuildContext
     from tests.conftest import small_config
 
@@ -84,7 +87,8 @@ def candidate(reference: Any, kv: str, folder: Path, options: dict[str, Any] | N
                        "<runtime figures>")
     ctx = BuildContext(config=cfg, reference=reference, calib_state=calibrated(reference, kv, folder), run_dir=folder,
                        log=lambda m: None)
-    return BUILDERS.get("fakequant")(ctx)
+    builders = getattr(engines, "BUILDERS", None) or engines.ENGINES  # ENGINES at 119052e, the golden's code
+    return builders.get("fakequant")(ctx)
 
 
 def figures(reference: Any, folder: Path, runtime: str | None = None) -> dict[str, Any]:
@@ -99,7 +103,26 @@ def figures(reference: Any, folder: Path, runtime: str | None = None) -> dict[st
     return out
 
 
+def machine_key(figures_: dict[str, Any]) -> str:
+    """What tells two CPUs' float32 kernels apart where `environment()` cannot: the reference's chunk
+    digest (the built-in model's logits through transformers' forward). Two CPUs of one capability
+    (both AVX512, two threads) can sum float32 in different orders (the BLAS picks its code path by
+    microarchitecture) and give different logits; their figure sets are then different sets."""
+    return figures_["reference"]["chunk"]
+
+
+def written_like(s: dict[str, Any], env: dict[str, str], key: str) -> bool:
+    """Whether a golden set was written on a CPU like this one: the same environment and machine key."""
+    return s["environment"] == env and machine_key(s["figures"]) == key
+
+
+def golden_set(golden: dict[str, Any], env: dict[str, str], key: str) -> dict[str, Any] | None:
+    """The golden set written on a CPU like this one, or None."""
+    return next((s for s in golden["sets"] if written_like(s, env, key)), None)
+
+
 if __name__ == "__main__":
+    import subprocess
     import tempfile
     import warnings
 
@@ -108,7 +131,13 @@ if __name__ == "__main__":
 
     warnings.filterwarnings("ignore")
     with tempfile.TemporaryDirectory() as tmp:
-        data = {"environment": environment(), "figures": figures(load_model(ModelConfig()), Path(tmp))}
-    Path(sys.argv[1]).parent.mkdir(parents=True, exist_ok=True)
-    Path(sys.argv[1]).write_text(json.dumps(data, indent=1) + "\n", encoding="utf-8")
-    print(json.dumps(data["environment"]))
+        new = {"environment": environment(),
+               "code": subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip(),
+               "figures": figures(load_model(ModelConfig()), Path(tmp))}
+    out = Path(sys.argv[1])
+    golden = json.loads(out.read_text(encoding="utf-8")) if out.exists() else {"sets": []}
+    golden["sets"] = [s for s in golden["sets"] if not written_like(s, new["environment"], machine_key(new["figures"]))]
+    golden["sets"].append(new)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(golden, indent=1) + "\n", encoding="utf-8")
+    print(json.dumps(new["environment"]), machine_key(new["figures"]))
