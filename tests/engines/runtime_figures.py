@@ -106,8 +106,8 @@ def figures(reference: Any, folder: Path, runtime: str | None = None) -> dict[st
 def machine_key(figures_: dict[str, Any]) -> str:
     """What tells two CPUs' float32 kernels apart where `environment()` cannot: the reference's chunk
     digest (the built-in model's logits through transformers' forward). Two CPUs of one capability
-    (both AVX512, two threads) can sum float32 in different orders (the BLAS picks its code path by
-    microarchitecture) and give different logits; their figure sets are then different sets."""
+    (both AVX512, two threads) can sum float32 in different orders (a math library choosing its code
+    path by microarchitecture; which one was not traced) and give different logits: different sets."""
     return figures_["reference"]["chunk"]
 
 
