@@ -86,7 +86,7 @@ def _limit(v: Any, m: Metric) -> Any:
                              f"show; {m.lo:g} is the reference's own level), got {h!r}")
         return v
     if isinstance(v, bool) or not isinstance(v, (int, float)):
-        raise ValueError("must be a number, or {sized: true} (optionally with alpha and beta)")
+        raise ValueError("must be a number, or {sized: true} (optionally with alpha, beta and healthy)")
     if m.integer and v != int(v):
         raise ValueError("must be a whole number (it counts prompts)")
     if not _within(v, m):
