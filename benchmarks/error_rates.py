@@ -135,7 +135,20 @@ def summary(job: dict[str, Any], report: dict[str, Any], seconds: float) -> dict
               for c in v["checks"]}
     failed = [{"check": f"{c['gate']}/{c['metric']}", "reason": c["reason"]} for c in v["checks"] if c["outcome"] == "fail"]
     return {**job, "name": job_name(job), "decision": v["decision"], "seconds": round(seconds, 1), "failed": failed,
-            "checks": checks, "calibration_windows": ((report.get("calibration") or {}).get("calibration") or {}).get("windows")}
+            "checks": checks, "calibration_windows": ((report.get("calibration") or {}).get("calibration") or {}).get("windows"),
+            "longgen": longgen_measured(report)}
+
+
+def longgen_measured(report: dict[str, Any]) -> dict[str, Any] | None:
+    """Gate 3's top-1 and KLD at both edges with their intervals, and the loop rule's natural prompts: the
+    early edge is natural text even where the late one loops, the measurement `min_late_top1` is derived from."""
+    g = (report.get("gates") or {}).get("longgen") or {}
+    m, d = g.get("measurements") or {}, g.get("details") or {}
+    if not m:
+        return None
+    keys = ("early_top1", "late_top1", "top1_drift", "early_kld", "late_kld", "late_drift")
+    return {**{k: {f: m[k].get(f) for f in ("value", "stderr", "lo", "hi", "n")} for k in keys if k in m},
+            "natural_prompts": (d.get("loop_rule") or {}).get("natural_prompts"), "edge": d.get("edge")}
 
 
 def worker(wid: int, args: argparse.Namespace, todo: Any, done: Any) -> None:

@@ -9,13 +9,17 @@ Noise levels used (each from a measurement named beside it):
   1 / 4 / 2, int8_sq α 0.8 2 / 1 / 2), at the reference's level (no net drop: half each way);
 - the retrieval matrix (5 trials a length, 20 in all; the reference answers 40 of 40): a healthy
   candidate's miss rate 1 in 20 (fp8_kvfp8's one lost trial), all of it a loss;
-- gate 3's late top-1 (8 prompts, met by the lower end of its 95 % interval): a candidate at the
+- gate 3's late top-1 (8 prompts, met by the lower end of its 95 % interval): where the check file's
+  limit was derived from measured healthy candidates (LATE_TOP1_MEASURED: their top-1 on gate 3's early
+  edge, natural text even where the reference's continuation loops late; benchmarks/late_top1_healthy.py
+  reads the stored runs), a candidate at that healthy level and noise; elsewhere a candidate at the
   reference's level with issue 29's measured per-prompt noise (H200: late top-1 0.9954, lower end
   0.9873: standard error 0.0041); late − early KLD: fp8_kvfp16 at 2,048 tokens, 0.006 ± 0.012.
 """
 
 from __future__ import annotations
 
+import importlib.util
 from pathlib import Path
 
 import pytest
@@ -29,13 +33,29 @@ DEFECT = 0.30
 LATE_TOP1 = ("min_late_top1 0.99 met by the lower end over 8 prompts: at se 0.0041 a candidate at the reference's "
              "level fails 32 %; only a continuation that loops (se 0) meets it reliably. On the built-in model the loop "
              "rule (qval/gates/longgen.loop_rule) now sets the check aside; on a reference that does not loop it stands")
-DEFECTS = {(f, "longgen/late_top1"): LATE_TOP1 for f in ("fp8_kvfp16", "fp8_kvfp8", "int8_sq", "int4_awq", "w4a8_awq", "nvfp4")}
+DEFECTS = {(f, "longgen/late_top1"): LATE_TOP1 for f in ("fp8_kvfp8", "int8_sq", "int4_awq", "w4a8_awq", "nvfp4")}
+#: check file -> the stored error-rate runs (benchmarks/results) its `min_late_top1` was derived from
+LATE_TOP1_MEASURED = {"fp8_kvfp16": ("cpu_error_rates_fp8_kvfp16_healthy.json", "cpu_error_rates_fp8_kvfp16_healthy_s8.json")}
 #: per suite: (reference accuracy, the largest discordant rate an approving shipped candidate showed)
 TASKS = {"recall": (0.500, 5 / 40), "cloze": (0.325, 4 / 40), "choice": (0.525, 2 / 40)}
 RETRIEVAL_MISS = 1 / 20
 LATE_TOP1_SE, LATE_DRIFT_SE = 0.0041, 0.012
 #: check files with format none are left out: the identity's candidate is the reference itself (no noise to size
 #: against; its exact limits, 1.0 and 0.0, are met exactly), and a served engine's noise is not measured here
+
+
+def late_top1_script():  # noqa: ANN201 - the module benchmarks/late_top1_healthy.py
+    spec = importlib.util.spec_from_file_location("late_top1_healthy", ROOT / "benchmarks/late_top1_healthy.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def late_top1_healthy(name: str) -> dict:
+    """The healthy early top-1 of a check file's stored runs and the limit derived from it (late_top1_healthy.derive)."""
+    script = late_top1_script()
+    rows = script.rows_by_check([ROOT / "benchmarks/results" / f for f in LATE_TOP1_MEASURED[name]])[name]
+    return script.derive([r for r in rows.values() if r["variant"] in ("shipped", "healthy")])
 
 
 def shipped_sizes() -> dict[tuple[str, str], float]:
@@ -48,8 +68,11 @@ def shipped_sizes() -> dict[tuple[str, str], float]:
         if g.longgen.enabled:
             if g.longgen.min_late_top1 is not None and not isinstance(g.longgen.min_late_top1, dict):
                 lim = float(g.longgen.min_late_top1)
-                out[(name, "longgen/late_top1")] = absolute_rates("min", lim, "lo", 1.0, 1.0, 1.0 - 1.96 * LATE_TOP1_SE,
-                                                                  LATE_TOP1_SE).size
+                if name in LATE_TOP1_MEASURED:
+                    out[(name, "longgen/late_top1")] = late_top1_script().rates(late_top1_healthy(name), lim).size
+                else:
+                    out[(name, "longgen/late_top1")] = absolute_rates("min", lim, "lo", 1.0, 1.0, 1.0 - 1.96 * LATE_TOP1_SE,
+                                                                      LATE_TOP1_SE).size
             if g.longgen.max_late_drift is not None:
                 lim = float(g.longgen.max_late_drift)
                 out[(name, "longgen/late_drift")] = absolute_rates("max", lim, "hi", 0.0, 0.0, 1.96 * LATE_DRIFT_SE,
@@ -89,7 +112,8 @@ def test_every_shipped_bound_limit_was_sized(sizes: dict[tuple[str, str], float]
 
 def test_sizes_that_hold_today(sizes: dict[tuple[str, str], float]) -> None:
     """The figures quoted in benchmarks/RESULTS.md ("The verdict's own error rates"), to three decimals."""
-    assert round(sizes[("fp8_kvfp16", "longgen/late_top1")], 2) == 0.32
+    assert round(sizes[("fp8_kvfp8", "longgen/late_top1")], 2) == 0.32  # 0.99 at a perfect candidate's noise
+    assert sizes[("fp8_kvfp16", "longgen/late_top1")] <= 0.005  # derived: at the measured healthy level
     assert round(sizes[("fp8_kvfp16", "longgen/late_drift")], 3) == 0.014
     assert round(sizes[("fp8_kvfp16", "retrieval/drop@256")], 3) == 0.001  # margin 0.75 (was 0.6: 0.023)
     assert round(sizes[("fp8_kvfp16", "retrieval/drop")], 3) == 0.075
@@ -108,3 +132,15 @@ def test_the_paired_size_against_a_simulation() -> None:
     hits = np.mean([drop_upper_bound(PairedCounts(*map(int, s))) > 0.2 for s in sims])
     exact = paired_reject_probability(40, 0.5, 0.0625, 0.0625, 0.2)
     assert abs(hits - exact) < 4 * np.sqrt(exact * (1 - exact) / 20_000) + 1e-4
+
+
+@pytest.mark.parametrize("name", sorted(LATE_TOP1_MEASURED))
+def test_a_derived_late_top1_limit_is_the_one_its_measurement_gives(name: str) -> None:
+    """The shipped `min_late_top1` equals what benchmarks/late_top1_healthy.py derives from the stored healthy runs
+    (at least 15: fewer than the issue's 20, RESULTS.md §12 says so), no healthy run's lower end falls under it,
+    and a healthy candidate fails it at most 0.5 %."""
+    d = late_top1_healthy(name)
+    assert d["n"] >= 15, f"{name}: {d['n']} healthy runs"
+    assert load_config(ROOT / "checks" / f"{name}.yaml").gates.longgen.min_late_top1 == d["limit"]
+    assert min(d["lo"]) >= d["limit"]
+    assert late_top1_script().rates(d, d["limit"]).size <= 0.005

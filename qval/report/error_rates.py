@@ -43,7 +43,7 @@ MEASURED: dict[str, dict[str, Any]] = {
             "quality/bleu_drop_zh": {"alpha": 0.005, "failed": 0},
             "quality/chrf_drop_en": {"alpha": 0.005, "failed": 0},
             "quality/chrf_drop_zh": {"alpha": 0.005, "failed": 0},
-            "longgen/late_top1": {"limit": 0.99, "failed": 0, "uninformative": 21},
+            "longgen/late_top1": {"limit": 0.975, "failed": 0, "uninformative": 21},
             "longgen/late_drift": {"limit": 0.05, "failed": 0, "uninformative": 21},
             "longgen/seq_rep4_excess": {"alpha": 0.005, "failed": 0},
             "longgen/judge_nll_excess": {"alpha": 0.005, "healthy": 0.005, "failed": 0},

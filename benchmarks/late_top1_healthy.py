@@ -1,0 +1,117 @@
+"""Gate 3's top-1 on natural text of healthy candidates, from stored error-rate runs: where `min_late_top1` goes.
+
+On the built-in model the reference's continuation ends in a loop on most prompts, so its late edge cannot
+show a healthy candidate's top-1 on natural text (a loop is copied: top-1 ≈ 1). Its early edge (the first
+`edge` positions of the same continuation, before any loop sets in) can: that is the figure a candidate at the
+shipped level reaches where the reference does not loop, and what `min_late_top1` (met by the lower end of its
+95 % interval over the prompts) must leave room for.
+
+Reads benchmarks/error_rates.py's JSON files (each row's `longgen` measurements; `--backfill RUNS` first adds
+them to rows written before that key existed, from each run folder's report.json), takes each healthy variant
+once (shipped selection and sample seeds), and prints per check file: the healthy early top-1 (mean ± sd over
+variants, its one-sided 95 % upper bound — the conservative end for a centre: a higher centre is a stricter
+limit —, the runs' mean standard error and their interval lower ends), the limit
+
+    L = upper bound of the healthy mean − (1.96 + 2.576) × se      (rounded down to 0.001)
+
+which a candidate at the healthy level fails with probability 0.005 under the normal model the report states
+sizes by (qval.metrics.thresholds.absolute_rates), the size of the shipped limit under the same model, what L
+detects with power 0.8, and every planted-fault run's early lower end against it.
+
+    python benchmarks/late_top1_healthy.py FILE.json [FILE.json …] [--backfill RUNS_DIR]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import statistics
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from qval.metrics.thresholds import absolute_rates  # noqa: E402
+
+Z95, Z975, Z995 = 1.6448536, 1.959964, 2.5758293
+
+
+def backfill(path: Path, runs: Path) -> int:
+    """Add `longgen` to every row of `path` that lacks it, from runs/<name>/report.json; returns rows filled."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from error_rates import longgen_measured
+
+    data = json.loads(path.read_text(encoding="utf-8"))
+    filled = 0
+    for r in data["results"]:
+        report = runs / r.get("name", "") / "report.json"
+        if r.get("longgen") is None and r.get("decision") != "ERROR" and report.is_file():
+            r["longgen"] = longgen_measured(json.loads(report.read_text(encoding="utf-8")))
+            filled += r["longgen"] is not None
+    if filled:
+        data["meta"]["longgen_backfilled"] = f"{filled} rows' longgen from {runs}/<name>/report.json (late_top1_healthy.py)"
+        path.write_text(json.dumps(data, indent=1) + "\n", encoding="utf-8")
+    return filled
+
+
+def rows_by_check(files: list[Path]) -> dict[str, dict[str, dict]]:
+    """check file stem -> run name -> row, for every row that carries gate 3's measurements (first file wins)."""
+    by_check: dict[str, dict[str, dict]] = {}
+    for f in files:
+        for r in json.loads(f.read_text(encoding="utf-8"))["results"]:
+            if (r.get("longgen") or {}).get("early_top1"):
+                by_check.setdefault(Path(r["check"]).stem, {}).setdefault(r["name"], r)
+    return by_check
+
+
+def derive(rows: list[dict]) -> dict:
+    """The healthy early top-1 of `rows` (healthy variants, each once) and the limit derived from it."""
+    v = [r["longgen"]["early_top1"]["value"] for r in rows]
+    lo = [r["longgen"]["early_top1"]["lo"] for r in rows]
+    se = statistics.mean(r["longgen"]["early_top1"]["stderr"] for r in rows)
+    m, s, n = statistics.mean(v), statistics.stdev(v), len(v)
+    upper = m + Z95 * s / math.sqrt(n)
+    return {"n": n, "mean": m, "sd": s, "upper": upper, "se": se, "lo": lo,
+            "limit": math.floor((upper - (Z975 + Z995) * se) * 1000) / 1000}
+
+
+def rates(d: dict, limit: float):  # noqa: ANN201 - a StatedRates
+    """`limit`'s size and detectable top-1 for a candidate at the healthy level `d` (the report's normal model)."""
+    return absolute_rates("min", limit, "lo", d["upper"], d["upper"], d["upper"] - Z975 * d["se"], d["se"])
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("files", nargs="+", type=Path)
+    ap.add_argument("--backfill", type=Path, metavar="RUNS_DIR", help="fill missing `longgen` rows from RUNS_DIR/<name>/report.json")
+    a = ap.parse_args()
+    if a.backfill:
+        for f in a.files:
+            print(f"{f}: {backfill(f, a.backfill)} rows backfilled")
+    by_check = rows_by_check(a.files)
+    if not by_check:
+        raise SystemExit("no row carries gate 3's `longgen` measurements: run with --backfill RUNS_DIR, or rerun error_rates.py")
+    for check, rows in sorted(by_check.items()):
+        healthy = [r for r in rows.values() if r["variant"] in ("shipped", "healthy")]
+        if len(healthy) < 2:
+            print(f"{check}: {len(healthy)} healthy run(s) with gate 3's measurements: too few")
+            continue
+        d = derive(healthy)
+        print(f"{check}: {d['n']} healthy variants, early top-1 (edge {healthy[0]['longgen'].get('edge')}): mean {d['mean']:.5f}, "
+              f"sd {d['sd']:.5f}, one-sided 95 % upper bound {d['upper']:.5f}; the runs' mean standard error {d['se']:.5f}; "
+              f"interval lower ends {min(d['lo']):.4f} – {max(d['lo']):.4f} (mean {statistics.mean(d['lo']):.4f})")
+        lim_shipped = healthy[0]["checks"].get("longgen/late_top1", {}).get("limit")
+        for name, lim in (("measured at", lim_shipped), ("derived", d["limit"])):
+            if lim is None:
+                continue
+            r = rates(d, lim)
+            print(f"  {name} limit {lim}: size at the healthy level {r.size:.4f} (normal model); healthy lower ends under it "
+                  f"{sum(x < lim for x in d['lo'])} of {d['n']}; detects (power 0.8) a top-1 of {r.detectable:.4f} or lower")
+        for r in sorted((r for r in rows.values() if r["variant"] == "fault"), key=lambda r: r["name"]):
+            e = r["longgen"]["early_top1"]
+            print(f"  fault {r['name']}: early top-1 {e['value']:.4f}, lower end {e['lo']:.4f}: "
+                  + ("fails" if e["lo"] < d["limit"] else "passes") + f" {d['limit']}; verdict {r['decision']}")
+
+
+if __name__ == "__main__":
+    main()
