@@ -31,9 +31,10 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from qval.metrics.estimate import normal_ppf  # noqa: E402
 from qval.metrics.thresholds import absolute_rates  # noqa: E402
 
-Z95, Z975, Z995 = 1.6448536, 1.959964, 2.5758293
+Z95, Z975, Z995 = normal_ppf(0.95), normal_ppf(0.975), normal_ppf(0.995)
 
 
 def backfill(path: Path, runs: Path) -> int:
