@@ -139,16 +139,21 @@ def summary(job: dict[str, Any], report: dict[str, Any], seconds: float) -> dict
             "longgen": longgen_measured(report)}
 
 
+PER_PROMPT = ("id", "ref_late_nll", "cand_late_judge_nll", "ref_loop_period", "cand_loop_period", "early_top1", "late_top1")
+
+
 def longgen_measured(report: dict[str, Any]) -> dict[str, Any] | None:
-    """Gate 3's top-1 and KLD at both edges with their intervals, and the loop rule's natural prompts: the
-    early edge is natural text even where the late one loops, the measurement `min_late_top1` is derived from."""
+    """Gate 3's top-1 and KLD at both edges with their intervals, the loop rule's natural prompts (the early
+    edge is natural text even where the late one loops: what `min_late_top1` is derived from), and per prompt
+    the late NLLs and loop periods (what a judge-NLL statistic other than the mean is judged from)."""
     g = (report.get("gates") or {}).get("longgen") or {}
     m, d = g.get("measurements") or {}, g.get("details") or {}
     if not m:
         return None
     keys = ("early_top1", "late_top1", "top1_drift", "early_kld", "late_kld", "late_drift")
     return {**{k: {f: m[k].get(f) for f in ("value", "stderr", "lo", "hi", "n")} for k in keys if k in m},
-            "natural_prompts": (d.get("loop_rule") or {}).get("natural_prompts"), "edge": d.get("edge")}
+            "natural_prompts": (d.get("loop_rule") or {}).get("natural_prompts"), "edge": d.get("edge"),
+            "per_prompt": [{k: p.get(k) for k in PER_PROMPT} for p in d.get("per_prompt") or []]}
 
 
 def worker(wid: int, args: argparse.Namespace, todo: Any, done: Any) -> None:

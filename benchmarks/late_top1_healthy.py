@@ -38,7 +38,8 @@ Z95, Z975, Z995 = normal_ppf(0.95), normal_ppf(0.975), normal_ppf(0.995)
 
 
 def backfill(path: Path, runs: Path) -> int:
-    """Add `longgen` to every row of `path` that lacks it, from runs/<name>/report.json; returns rows filled."""
+    """Add `longgen` to every row of `path` that lacks it or its per-prompt figures, from runs/<name>/report.json;
+    returns rows filled."""
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     from error_rates import longgen_measured
 
@@ -46,11 +47,13 @@ def backfill(path: Path, runs: Path) -> int:
     filled = 0
     for r in data["results"]:
         report = runs / r.get("name", "") / "report.json"
-        if r.get("longgen") is None and r.get("decision") != "ERROR" and report.is_file():
+        if (r.get("longgen") is None or "per_prompt" not in r["longgen"]) and r.get("decision") != "ERROR" and report.is_file():
             r["longgen"] = longgen_measured(json.loads(report.read_text(encoding="utf-8")))
             filled += r["longgen"] is not None
     if filled:
-        data["meta"]["longgen_backfilled"] = f"{filled} rows' longgen from {runs}/<name>/report.json (late_top1_healthy.py)"
+        old = data["meta"].get("longgen_backfilled")
+        note = f"{filled} rows' longgen {'re-read, with per-prompt figures, ' if old else ''}from {runs}/<name>/report.json"
+        data["meta"]["longgen_backfilled"] = f"{old}; then {note}" if old else f"{note} (late_top1_healthy.py)"
         path.write_text(json.dumps(data, indent=1) + "\n", encoding="utf-8")
     return filled
 
@@ -84,7 +87,7 @@ def rates(d: dict, limit: float):  # noqa: ANN201 - a StatedRates
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("files", nargs="+", type=Path)
-    ap.add_argument("--backfill", type=Path, metavar="RUNS_DIR", help="fill missing `longgen` rows from RUNS_DIR/<name>/report.json")
+    ap.add_argument("--backfill", type=Path, metavar="RUNS_DIR", help="fill rows' missing `longgen` (or its per-prompt figures) from RUNS_DIR/<name>/report.json")
     a = ap.parse_args()
     if a.backfill:
         for f in a.files:

@@ -108,3 +108,18 @@ def test_a_report_shows_the_measured_rate_only_at_the_measured_limits() -> None:
     moved = for_report("fp8_kvfp16", [{**checks[0], "limit": 0.87}])
     assert moved["checks"] == {} and "measured at other limits: agreement/top1" in file_text(moved)
     assert for_report("my_check", checks) == {"measured": False} and "not measured" in file_text({"measured": False})
+
+
+def test_stored_per_prompt_figures_are_what_gate_3_judged() -> None:
+    """benchmarks/error_rates.py stores gate 3's late NLLs and loop periods prompt by prompt (what
+    benchmarks/judge_nll_per_prompt.py re-judges other statistics from): over every stored row carrying them,
+    their mean excess is the judge-NLL figure the run was judged on, and their loops its loops excess."""
+    rows = [r for path in sorted(RESULTS.glob("*error_rates_*.json"))
+            for r in json.loads(path.read_text(encoding="utf-8"))["results"] if (r.get("longgen") or {}).get("per_prompt")]
+    assert len(rows) >= 20
+    for r in rows:
+        pp = r["longgen"]["per_prompt"]
+        excess = [p["cand_late_judge_nll"] - p["ref_late_nll"] for p in pp]
+        assert sum(excess) / len(excess) == pytest.approx(r["checks"]["longgen/judge_nll_excess"]["value"], abs=1e-12), r["name"]
+        loops = sum(p["cand_loop_period"] is not None for p in pp) - sum(p["ref_loop_period"] is not None for p in pp)
+        assert loops == r["checks"]["longgen/loops_excess"]["value"], r["name"]
