@@ -78,14 +78,17 @@ def main() -> None:
                   f"99th {q[2]:.4f}, max {q[3]:.4f}; above 0.05: {(x > 0.05).sum()}")
     rng = np.random.default_rng(a.seed)
     draws = e[rng.integers(0, n_var, size=(a.draws, n_prompt)), np.arange(n_prompt)]
+    # each fault's per-prompt excess and how many checks other than the judge NLL failed it, once
+    fault_rows = [(r["name"], r["decision"], excess(r),
+                   sum(c["outcome"] == "fail" and k != "longgen/judge_nll_excess" for k, c in r["checks"].items()))
+                  for r in sorted(faults, key=lambda r: r["name"])]
     for name, fn in STATISTICS.items():
         v, boot = fn(e), fn(draws)
         print(f"\n{name}: healthy {np.mean(v):.4f} ± {np.std(v, ddof=1):.4f}, largest {np.sort(v)[-3:].round(4).tolist()}; "
               f"over {a.limit}: {(v > a.limit).sum()} of {n_var} in sample, {(boot > a.limit).mean():.4f} resampled; "
               f"resampled 99.5th percentile {np.quantile(boot, 0.995):.4f}")
-        for r in sorted(faults, key=lambda r: r["name"]):
-            others = [k for k, c in r["checks"].items() if c["outcome"] == "fail" and k != "longgen/judge_nll_excess"]
-            print(f"  fault {r['name']}: {float(fn(excess(r))):.4f} ({r['decision']}, {len(others)} other checks failed)")
+        for fault, decision, x, others in fault_rows:
+            print(f"  fault {fault}: {float(fn(x)):.4f} ({decision}, {others} other checks failed)")
 
 
 if __name__ == "__main__":
