@@ -15,7 +15,7 @@ reads those rows, takes each healthy variant once, and prints:
   showed is not in it; the statistic's 99.5th percentile under resampling is the limit it would need for α 0.005;
 - each planted-fault row's value under each statistic, with its verdict (whether anything else caught it).
 
-    python benchmarks/judge_nll_per_prompt.py FILE.json [FILE.json …] [--limit 0.0293] [--draws 200000]
+    python benchmarks/judge_nll_per_prompt.py FILE.json [FILE.json …] [--limit 0.0293 [0.0325 …]] [--draws 200000]
 """
 
 from __future__ import annotations
@@ -56,7 +56,8 @@ def ref_loops(r: dict) -> np.ndarray:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("files", nargs="+", type=Path)
-    ap.add_argument("--limit", type=float, default=0.0293, help="the limit to state each statistic's rate at (the shipped one)")
+    ap.add_argument("--limit", type=float, nargs="+", default=[0.0293],
+                    help="the limit(s) to state each statistic's rate at (the shipped one first)")
     ap.add_argument("--draws", type=int, default=200_000)
     ap.add_argument("--seed", type=int, default=0)
     a = ap.parse_args()
@@ -84,11 +85,13 @@ def main() -> None:
                   for r in sorted(faults, key=lambda r: r["name"])]
     for name, fn in STATISTICS.items():
         v, boot = fn(e), fn(draws)
+        rates = "; ".join(f"over {lim}: {(v > lim).sum()} of {n_var} in sample, {(boot > lim).mean():.4f} resampled"
+                          for lim in a.limit)
         print(f"\n{name}: healthy {np.mean(v):.4f} ± {np.std(v, ddof=1):.4f}, largest {np.sort(v)[-3:].round(4).tolist()}; "
-              f"over {a.limit}: {(v > a.limit).sum()} of {n_var} in sample, {(boot > a.limit).mean():.4f} resampled; "
-              f"resampled 99.5th percentile {np.quantile(boot, 0.995):.4f}")
+              f"{rates}; resampled 99.5th percentile {np.quantile(boot, 0.995):.4f}")
         for fault, decision, x, others in fault_rows:
-            print(f"  fault {fault}: {float(fn(x)):.4f} ({decision}, {others} other checks failed)")
+            over = ", ".join(f"{'over' if float(fn(x)) > lim else 'within'} {lim}" for lim in a.limit)
+            print(f"  fault {fault}: {float(fn(x)):.4f} ({over}; {decision}, {others} other checks failed)")
 
 
 if __name__ == "__main__":
