@@ -90,8 +90,9 @@ def main() -> None:
         print(f"\n{name}: healthy {np.mean(v):.4f} ± {np.std(v, ddof=1):.4f}, largest {np.sort(v)[-3:].round(4).tolist()}; "
               f"{rates}; resampled 99.5th percentile {np.quantile(boot, 0.995):.4f}")
         for fault, decision, x, others in fault_rows:
-            over = ", ".join(f"{'over' if float(fn(x)) > lim else 'within'} {lim}" for lim in a.limit)
-            print(f"  fault {fault}: {float(fn(x)):.4f} ({over}; {decision}, {others} other checks failed)")
+            val = float(fn(x))
+            over = ", ".join(f"{'over' if val > lim else 'within'} {lim}" for lim in a.limit)
+            print(f"  fault {fault}: {val:.4f} ({over}; {decision}, {others} other checks failed)")
 
 
 if __name__ == "__main__":
