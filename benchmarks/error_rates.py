@@ -131,7 +131,11 @@ def config_for(job: dict[str, Any], args: argparse.Namespace):  # noqa: ANN201 -
 
 def summary(job: dict[str, Any], report: dict[str, Any], seconds: float) -> dict[str, Any]:
     v = report["verdict"]
-    checks = {f"{c['gate']}/{c['metric']}": {k: c.get(k) for k in ("value", "lo", "hi", "op", "limit", "on", "source", "outcome")}
+    # "healthy": the centre a sized limit was set around (absent: 0); "statistic": how a figure over prompts was
+    # taken where the check's description names it ("median over prompts"), else the mean
+    checks = {f"{c['gate']}/{c['metric']}": {**{k: c.get(k) for k in ("value", "lo", "hi", "op", "limit", "on", "source", "outcome")},
+                                             **({"healthy": c["healthy"]} if c.get("healthy") is not None else {}),
+                                             **({"statistic": "median"} if "median over prompts" in (c.get("description") or "") else {})}
               for c in v["checks"]}
     failed = [{"check": f"{c['gate']}/{c['metric']}", "reason": c["reason"]} for c in v["checks"] if c["outcome"] == "fail"]
     return {**job, "name": job_name(job), "decision": v["decision"], "seconds": round(seconds, 1), "failed": failed,

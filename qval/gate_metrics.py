@@ -25,18 +25,27 @@ from typing import Any, Callable, ClassVar, Literal
 
 ABSOLUTE = ("absolute",)
 EITHER = ("absolute", "sized")  # a number, or {sized: true, alpha, beta}
+MEDIAN_SPREAD = math.sqrt(math.pi / 2)  # the spread of a median of n normal values / of their mean, n → ∞
 
 
 @dataclass(frozen=True)
 class Spread:
     """Sized from the reference's own per-prompt spread of the figure (`sizing[source]`), in the
-    figure's unit: nothing the candidate does can widen the limit."""
+    figure's unit: nothing the candidate does can widen the limit. A figure that is a median over
+    prompts (`median=True`) is sized with that spread × √(π/2), a median's spread relative to a
+    mean's for normal values at large n; at small n it is less (1.16 at 8 prompts, by simulation),
+    so the stated size is an upper bound there and the stated detectable effect a lower bound on power.
+
+    >>> round(Spread("s", median=True).sigma({"s": 1.0}) / Spread("s").sigma({"s": 1.0}), 4)
+    1.2533
+    """
 
     source: str
+    median: bool = False
     scale_by_n: ClassVar[bool] = False
 
     def sigma(self, sizing: dict[str, Any]) -> float:
-        return sizing[self.source]
+        return sizing[self.source] * (MEDIAN_SPREAD if self.median else 1.0)
 
 
 @dataclass(frozen=True)
@@ -136,9 +145,12 @@ LONGGEN = GateMetrics("longgen", (
     Metric("seq_rep4_excess", "max_seq_rep4_excess", "max",
            "candidate late seq-rep-4 − reference late seq-rep-4 (mean over prompts)", EITHER, hi=1.0,
            sizing=Spread("ref_late_seq_rep4_sigma")),
+    # the median over prompts: a candidate whose greedy path falls into another loop where the reference's
+    # own text loops is scored against a loop's near-zero NLL, a heavy per-prompt tail that carried the mean
+    # (benchmarks/RESULTS.md §12, "Judge NLL"); damage that moves most prompts moves the median
     Metric("judge_nll_excess", "max_judge_nll_excess", "max",
-           "reference NLL of the candidate's late text − of its own late text, nats/token", EITHER,
-           sizing=Spread("ref_late_nll_sigma")),
+           "reference NLL of the candidate's late text − of its own late text, nats/token, median over prompts",
+           EITHER, sizing=Spread("ref_late_nll_sigma", median=True)),
     Metric("loops_excess", "max_loops_excess", "max",
            "prompts whose continuation ends in a loop: candidate − reference", EITHER, integer=True,
            sizing=Rate("ref_loop_rate")),

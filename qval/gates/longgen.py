@@ -147,7 +147,10 @@ def complete(ctx: GateContext, result: GateResult) -> GateResult:
 
 def inputs(cfg: GateConfig) -> dict[str, Any]:
     g = cfg.gates.longgen
-    return {"gate": g.model_dump(mode="json", exclude=LONGGEN.cache_exclude()), "data": dataset_identity(g.prompts, cfg.resolve(g.prompts))}
+    # "judge": the judge-NLL figure's statistic, stored in the result: a result cached under the mean is not
+    # read back as the median
+    return {"gate": g.model_dump(mode="json", exclude=LONGGEN.cache_exclude()), "data": dataset_identity(g.prompts, cfg.resolve(g.prompts)),
+            "judge": "judge_nll_excess: median over prompts"}
 
 
 SPEC = GateSpec("longgen", run, thresholds, inputs, enabled, check=check, complete=complete)

@@ -13,7 +13,7 @@ import numpy as np
 
 from ..config import GateConfig, Sized
 from ..gate_metrics import LONGGEN, Metric
-from ..metrics import detect_loop, distinct_n, mean_estimate, seq_rep_n, sized_threshold, windows
+from ..metrics import detect_loop, distinct_n, mean_estimate, median_estimate, seq_rep_n, sized_threshold, windows
 from ..metrics.agreement import BOUND_FIELDS, kld_bound_details
 from ..metrics.estimate import Estimate
 from ..results import LonggenDetails, parse
@@ -115,7 +115,7 @@ def summarize(cfg: GateConfig, records: list[dict[str, Any]], seqs: list[dict[st
         "late_drift": mean_estimate(np.array(l_kld) - np.array(e_kld)),
         "top1_drift": mean_estimate(np.array(e_top1) - np.array(l_top1)),
         "seq_rep4_excess": mean_estimate(rep_excess),
-        "judge_nll_excess": mean_estimate(nll_excess),
+        "judge_nll_excess": median_estimate(nll_excess),  # median over prompts: gate_metrics.LONGGEN says why
         "loops_excess": _count(cand_loops - ref_loops, n),
         # how repetitive the teacher-forced text (the reference's own continuation) is late on: a
         # looping continuation makes its late positions easy to predict, so late top-1 says less
@@ -213,7 +213,8 @@ def _sized(m: Metric, limit: Sized, z: dict[str, Any]) -> Threshold:
     effect = s.min_detectable_effect * scale
     return Threshold("longgen", m.key, m.op, ref + s.threshold * scale, m.label, "sized",
                      effect, {"sigma": sigma, "n": n, "alpha": limit.alpha, "beta": limit.beta, "relative_to": ref,
-                              "healthy": limit.healthy, "sized_from": "the reference's own spread"},
+                              "healthy": limit.healthy,
+                              "sized_from": "the reference's own spread" + (" × √(π/2), a median's" if getattr(rule, "median", False) else "")},
                      detectable=ref + effect)
 
 

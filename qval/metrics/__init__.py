@@ -15,7 +15,7 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 from qval.metrics.agreement import delta_p_summary, kld_summary, top1_summary
-from qval.metrics.estimate import Estimate, mean_estimate, normal_ppf, proportion, quantiles
+from qval.metrics.estimate import Estimate, mean_estimate, median_estimate, normal_ppf, proportion, quantiles
 from qval.metrics.perplexity import perplexity, ppl_ratio
 from qval.metrics.thresholds import Sizing, sized_threshold
 
@@ -36,7 +36,7 @@ _LAZY: dict[str, str] = {
 
 __all__ = sorted(
     [
-        "Estimate", "proportion", "mean_estimate", "quantiles", "normal_ppf",
+        "Estimate", "proportion", "mean_estimate", "median_estimate", "quantiles", "normal_ppf",
         "kld_summary", "delta_p_summary", "top1_summary",
         "perplexity", "ppl_ratio",
         "Sizing", "sized_threshold",

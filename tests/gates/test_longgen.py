@@ -16,7 +16,7 @@ from qval.config import Sized, parse_config
 from qval.errors import ConfigError
 from qval.gate_metrics import LONGGEN
 from qval.gates import GateContext
-from qval.gates.longgen import run
+from qval.gates.longgen import inputs, run
 from qval.judges.longgen import _sized, edges, health, thresholds
 from qval.metrics.text import seq_rep_n
 from qval.metrics.estimate import Estimate
@@ -167,11 +167,14 @@ def test_edges_and_health_on_planted_sequences() -> None:
 def test_sized_thresholds_worked_numbers() -> None:
     z = {"prompts": 8, "ref_late_seq_rep4_sigma": 0.2, "ref_late_nll_sigma": 0.5, "ref_loop_rate": 0.25, "ref_eos_rate": 0.0}
     s = Sized()
-    # judge NLL excess: the reference's own σ 0.5, n = 8: sqrt(2·0.25/8) = 0.25; 1.6448536·0.25 = 0.4112134
+    # judge NLL excess, a median over prompts: the reference's own σ 0.5 × √(π/2) = 0.6266571, n = 8:
+    # sqrt(2·0.6266571²/8) = 0.3133285; 1.6448536·0.3133285 = 0.5153796
     t = _sized(ROW["judge_nll_excess"], s, z)
-    assert t.limit == pytest.approx(0.4112134, abs=1e-7) and t.detail["sized_from"] == "the reference's own spread"
+    assert t.limit == pytest.approx(0.5153796, abs=1e-7) and t.detail["sized_from"] == "the reference's own spread × √(π/2), a median's"
+    assert t.detail["sigma"] == pytest.approx(0.6266571, abs=1e-7)
     # seq-rep-4 excess: sqrt(2·0.04/8) = 0.1; threshold 0.16448536
-    assert _sized(ROW["seq_rep4_excess"], s, z).limit == pytest.approx(0.16448536, abs=1e-7)
+    t = _sized(ROW["seq_rep4_excess"], s, z)
+    assert t.limit == pytest.approx(0.16448536, abs=1e-7) and t.detail["sized_from"] == "the reference's own spread"
     # loops: σ = sqrt(0.25·0.75) = 0.4330127; sqrt(2·0.1875/8) = 0.21650635 (a rate); × 8 prompts:
     # threshold 8·1.6448536·0.21650635 = 2.84897, θ = 8·2.4864748·0.21650635 = 4.30670
     t = _sized(ROW["loops_excess"], s, z)
@@ -188,17 +191,17 @@ def test_sized_thresholds_worked_numbers() -> None:
 
 
 def test_a_sized_limit_centred_on_a_stated_healthy_figure() -> None:
-    """`healthy` moves the centre, never the margin: the limit is healthy + the same 0.4112134 as around 0,
+    """`healthy` moves the centre, never the margin: the limit is healthy + the same 0.5153796 as around 0,
     the detectable figure moves with it, and the report's check states the centre and α there."""
     z = {"prompts": 8, "ref_late_seq_rep4_sigma": 0.2, "ref_late_nll_sigma": 0.5, "ref_loop_rate": 0.25, "ref_eos_rate": 0.0}
     at0, at_h = _sized(ROW["judge_nll_excess"], Sized(), z), _sized(ROW["judge_nll_excess"], Sized(healthy=0.05), z)
-    assert at_h.limit == pytest.approx(0.05 + 0.4112134, abs=1e-7) and at_h.limit - at0.limit == pytest.approx(0.05)
+    assert at_h.limit == pytest.approx(0.05 + 0.5153796, abs=1e-7) and at_h.limit - at0.limit == pytest.approx(0.05)
     assert at_h.detectable - at0.detectable == pytest.approx(0.05) and at_h.min_detectable_effect == at0.min_detectable_effect
     assert (at_h.detail["healthy"], at_h.detail["relative_to"], at0.detail["healthy"]) == (0.05, 0.05, None)
     # a count: the centre is in prompts, the margin scaled to prompts as before
     loops = _sized(ROW["loops_excess"], Sized(healthy=1.0), z)
     assert loops.limit == pytest.approx(1.0 + 2.84897, abs=1e-4)
-    res = GateResult("longgen", "ok", {"judge_nll_excess": Estimate(0.44, n=8)}, {})
+    res = GateResult("longgen", "ok", {"judge_nll_excess": Estimate(0.54, n=8)}, {})  # between 0.5154 and 0.5654
     c0, ch = decide({"longgen": res}, [at0]).checks[0], decide({"longgen": res}, [at_h]).checks[0]
     assert (c0.outcome, ch.outcome) == ("fail", "pass") and (c0.healthy, ch.healthy) == (None, 0.05)
     assert "around the healthy figure 0.05" in ch.size_basis and ch.size == c0.size == 0.05  # α, at the centre
@@ -311,3 +314,23 @@ def test_late_checks_on_a_mostly_looping_reference_are_uninformative(tmp_path: P
     assert by["late_top1"].outcome == by["late_drift"].outcome == "uninformative"
     assert "ends in a loop on 2 of 3 prompts" in by["late_top1"].reason
     assert not v.approved and "seq_rep4_excess" in {c.metric for c in v.failures}
+
+
+def test_one_prompt_cannot_carry_the_judge_nll_excess(tmp_path: Path) -> None:
+    """The judge-NLL figure is the median over prompts: a candidate that falls into a loop on one prompt of three
+    (the reference finds its late text HIGH − LOW nats a token less likely there, as it does where a healthy
+    candidate's greedy path leaves a looping reference's) moves it by nothing; on every prompt (the collapse test
+    above), by HIGH − LOW. The mean would have been (HIGH − LOW) / 3."""
+    def one_loop(token: int, pos: int) -> int:
+        if pos == P - 1 and token == 44:  # the first prompt's last token ("h")
+            return 61
+        return {61: 62, 62: 61}.get(token, walk(token, pos))
+    r = run(make_ctx(tmp_path, FakeEngine(one_loop)))
+    assert r.status == "ok", r.error
+    excess = [p.cand_late_judge_nll - p.ref_late_nll for p in r.details.per_prompt]
+    assert excess[0] == pytest.approx(HIGH - LOW, rel=1e-5) and excess[1:] == [0.0, 0.0]
+    assert r.measurements["judge_nll_excess"].value == 0.0 and r.measurements["loops_excess"].value == 1
+    assert "median over prompts" in ROW["judge_nll_excess"].label
+    # gate 3's cached result holds the figure: its cache key names the statistic, so a result cached under the mean
+    # is computed again, not read back
+    assert inputs(make_ctx(tmp_path / "k", FakeEngine(walk)).config)["judge"] == "judge_nll_excess: median over prompts"

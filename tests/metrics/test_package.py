@@ -13,7 +13,7 @@ import qval.metrics
 
 MODULES = ["estimate", "tokens", "rows", "agreement", "perplexity", "thresholds", "text"]
 PUBLIC = {
-    "Estimate", "proportion", "mean_estimate", "quantiles", "normal_ppf",
+    "Estimate", "proportion", "mean_estimate", "median_estimate", "quantiles", "normal_ppf",
     "token_stats", "nll_of_targets", "first_nonfinite",
     "kld_summary", "delta_p_summary", "top1_summary",
     "perplexity", "ppl_ratio", "Sizing", "sized_threshold",

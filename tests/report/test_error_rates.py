@@ -5,11 +5,13 @@ a report states each check's size."""
 from __future__ import annotations
 
 import json
+import statistics
 from pathlib import Path
 
 import pytest
 
 from qval.config import load_config
+from qval.gate_metrics import MEDIAN_SPREAD
 from qval.report.error_rates import MEASURED, file_text, for_report, size_cell
 from qval.verdict import row_of
 
@@ -17,14 +19,24 @@ ROOT = Path(__file__).resolve().parents[2]
 RESULTS = ROOT / "benchmarks/results"
 
 
+def per_prompt(r: dict) -> list[dict]:
+    return (r.get("longgen") or {}).get("per_prompt") or []
+
+
 def healthy_runs(name: str) -> list[dict]:
-    """Every healthy variant (the shipped selection and the sample seeds) stored for a check file, once each."""
+    """Every healthy variant (the shipped selection and the sample seeds) stored for a check file, once each:
+    a run with per-prompt gate-3 figures over a run of the same variant without them (re-runs' figures equal)."""
     runs: dict[str, dict] = {}
     for path in sorted(RESULTS.glob(f"h200_error_rates_{name}_*.json")):
         for r in json.loads(path.read_text(encoding="utf-8"))["results"]:
             if r["variant"] in ("shipped", "healthy") and r["decision"] != "ERROR":
-                runs.setdefault(r["name"], r)
+                if r["name"] not in runs or (per_prompt(r) and not per_prompt(runs[r["name"]])):
+                    runs[r["name"]] = r
     return list(runs.values())
+
+
+def judge_excess(r: dict) -> list[float]:
+    return [p["cand_late_judge_nll"] - p["ref_late_nll"] for p in per_prompt(r)]
 
 
 def outcome_at(c: dict, limit: float) -> str:
@@ -35,11 +47,20 @@ def outcome_at(c: dict, limit: float) -> str:
     return "pass" if (end <= limit if c["op"] == "max" else end >= limit) else "fail"
 
 
-def outcome_of(c: dict, entry: dict) -> str:
+def outcome_of(c: dict, entry: dict, run: dict | None = None) -> str:
     """A stored check judged at the table's limit: an absolute one at `limit`; a sized one re-centred on a
-    `healthy` figure at its stored limit + that figure (stored limits were sized around the reference's 0)."""
+    `healthy` figure at its stored limit + that figure (stored limits were sized around the reference's 0); a
+    median over prompts (`statistic`) from the run's per-prompt figures at `healthy` + √(π/2) × `margin`."""
     if "limit" in entry:
         return outcome_at(c, entry["limit"])
+    if entry.get("statistic"):
+        centre = c["limit"] - entry["margin"]  # the centre in force when the run was judged: 0 or 0.005
+        assert min(abs(centre), abs(centre - 0.005)) < 1e-12 and c.get("healthy", centre) == pytest.approx(centre), run["name"]
+        if entry["statistic"] == "mean":
+            return outcome_at({**c, "on": "value"}, entry["healthy"] + entry["margin"])
+        assert entry["statistic"] == "median" and per_prompt(run), f"{run['name']}: no per-prompt figures to take the median of"
+        limit = entry["healthy"] + MEDIAN_SPREAD * entry["margin"]
+        return "pass" if statistics.median(judge_excess(run)) <= limit else "fail"
     if entry.get("healthy") is not None:
         return outcome_at({**c, "on": "value"}, c["limit"] + entry["healthy"])
     return c["outcome"]
@@ -53,11 +74,11 @@ def test_the_table_is_the_stored_measurement() -> None:
         assert set(m["checks"]) == set(runs[0]["checks"]), name
         rejected = 0
         for r in runs:
-            outcomes = {key: outcome_of(r["checks"][key], e) for key, e in m["checks"].items()}
+            outcomes = {key: outcome_of(r["checks"][key], e, r) for key, e in m["checks"].items()}
             rejected += "fail" in outcomes.values()
         assert m["rejected"] == rejected, name
         for key, entry in m["checks"].items():
-            judged = [outcome_of(r["checks"][key], entry) for r in runs]
+            judged = [outcome_of(r["checks"][key], entry, r) for r in runs]
             assert entry["failed"] == judged.count("fail"), (name, key)
             assert entry.get("uninformative", 0) == judged.count("uninformative"), (name, key)
             c = runs[0]["checks"][key]
@@ -85,7 +106,10 @@ def test_the_shipped_check_file_has_the_measured_limits(name: str) -> None:
             limit = next(s.margin for s in section.suites if s.label == metric.split("@")[1])
         else:
             limit = getattr(section, row.field)
-        if "alpha" in entry:
+        if entry.get("pending"):  # measured under a rule the check no longer uses (else it is no longer pending)
+            now = "median" if "median over prompts" in row.label else "mean"
+            assert entry["statistic"] != now or limit.healthy != entry.get("healthy"), key
+        elif "alpha" in entry:
             assert limit.sized and limit.alpha == entry["alpha"] and limit.healthy == entry.get("healthy"), key
         else:
             assert limit == entry["limit"], key
@@ -95,14 +119,14 @@ def test_a_report_shows_the_measured_rate_only_at_the_measured_limits() -> None:
     checks = [{"gate": "agreement", "metric": "top1", "limit": 0.86, "source": "absolute", "size": 0.0},
               {"gate": "longgen", "metric": "judge_nll_excess", "limit": 0.02, "source": "sized", "size": 0.005}]
     rates = for_report("fp8_kvfp16", checks)
-    # the table's judge-NLL entry was judged around healthy 0.005: a check sized around 0 is another limit
+    # the table's judge-NLL entry was judged around healthy 0.002: a check sized around 0 is another limit
     assert rates["checks"]["agreement/top1"]["failed"] == 0 and "longgen/judge_nll_excess" not in rates["checks"]
     assert "measured at other limits: longgen/judge_nll_excess" in rates["why_not"]
-    checks[1]["healthy"] = 0.005
+    checks[1]["healthy"] = 0.002
     rates = for_report("fp8_kvfp16", checks)
     assert "longgen/judge_nll_excess" in rates["checks"]
     assert rates["file"] is None and "checks this run lacks" in file_text(rates)  # the rest of the file's checks are missing
-    assert size_cell(checks[1], rates) == (f"≤ 0.005 (α; at 0.005, the healthy figure it is sized around); "
+    assert size_cell(checks[1], rates) == (f"≤ 0.005 (α; at 0.002, the healthy figure it is sized around); "
                                            f"measured 0/{MEASURED['fp8_kvfp16']['variants']}")
     assert size_cell({**checks[1], "healthy": None}, None) == "≤ 0.005 (α)"
     moved = for_report("fp8_kvfp16", [{**checks[0], "limit": 0.87}])
@@ -113,13 +137,30 @@ def test_a_report_shows_the_measured_rate_only_at_the_measured_limits() -> None:
 def test_stored_per_prompt_figures_are_what_gate_3_judged() -> None:
     """benchmarks/error_rates.py stores gate 3's late NLLs and loop periods prompt by prompt (what
     benchmarks/judge_nll_per_prompt.py re-judges other statistics from): over every stored row carrying them,
-    their mean excess is the judge-NLL figure the run was judged on, and their loops its loops excess."""
+    their excess's statistic (the mean, or the median where the row says so) is the judge-NLL figure the run was
+    judged on, and their loops its loops excess."""
     rows = [r for path in sorted(RESULTS.glob("*error_rates_*.json"))
-            for r in json.loads(path.read_text(encoding="utf-8"))["results"] if (r.get("longgen") or {}).get("per_prompt")]
+            for r in json.loads(path.read_text(encoding="utf-8"))["results"] if per_prompt(r)]
     assert len(rows) >= 20
     for r in rows:
-        pp = r["longgen"]["per_prompt"]
-        excess = [p["cand_late_judge_nll"] - p["ref_late_nll"] for p in pp]
-        assert sum(excess) / len(excess) == pytest.approx(r["checks"]["longgen/judge_nll_excess"]["value"], abs=1e-12), r["name"]
+        pp, excess, c = per_prompt(r), judge_excess(r), r["checks"]["longgen/judge_nll_excess"]
+        figure = statistics.median(excess) if c.get("statistic") == "median" else sum(excess) / len(excess)
+        assert figure == pytest.approx(c["value"], abs=1e-12), r["name"]
         loops = sum(p["cand_loop_period"] is not None for p in pp) - sum(p["ref_loop_period"] is not None for p in pp)
         assert loops == r["checks"]["longgen/loops_excess"]["value"], r["name"]
+
+
+def test_a_check_measured_under_an_older_rule_withholds_the_file_rate() -> None:
+    """fp8_kvfp8's judge-NLL check was measured as the mean over prompts; it judges the median now: a report of
+    the shipped file shows that check's rate nowhere, the file's rate not at all, and says why."""
+    pending = {k for k, e in MEASURED["fp8_kvfp8"]["checks"].items() if e.get("pending")}
+    assert pending == {"longgen/judge_nll_excess"}
+    checks = []
+    for key, e in MEASURED["fp8_kvfp8"]["checks"].items():
+        gate, metric = key.split("/")
+        sized = "alpha" in e
+        checks.append({"gate": gate, "metric": metric, "source": "sized" if sized else "absolute", "size": e.get("alpha"),
+                       "limit": e.get("limit"), "healthy": 0.002 if key in pending else None})
+    rates = for_report("fp8_kvfp8", checks)
+    assert rates["file"] is None and set(rates["checks"]) == set(MEASURED["fp8_kvfp8"]["checks"]) - pending
+    assert "not measured as the check now judges: longgen/judge_nll_excess (measured as the mean" in file_text(rates)
