@@ -47,6 +47,11 @@ class Spread:
     def sigma(self, sizing: dict[str, Any]) -> float:
         return sizing[self.source] * (MEDIAN_SPREAD if self.median else 1.0)
 
+    @property
+    def basis(self) -> str:
+        """What the limit is sized from, in the report's words."""
+        return "the reference's own spread" + (" × √(π/2), a median's" if self.median else "")
+
 
 @dataclass(frozen=True)
 class Rate:
@@ -59,6 +64,7 @@ class Rate:
 
     source: str
     scale_by_n: ClassVar[bool] = True
+    basis: ClassVar[str] = "the reference's own spread"
 
     def sigma(self, sizing: dict[str, Any]) -> float:
         rate = sizing[self.source]

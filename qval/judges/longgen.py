@@ -213,8 +213,7 @@ def _sized(m: Metric, limit: Sized, z: dict[str, Any]) -> Threshold:
     effect = s.min_detectable_effect * scale
     return Threshold("longgen", m.key, m.op, ref + s.threshold * scale, m.label, "sized",
                      effect, {"sigma": sigma, "n": n, "alpha": limit.alpha, "beta": limit.beta, "relative_to": ref,
-                              "healthy": limit.healthy,
-                              "sized_from": "the reference's own spread" + (" × √(π/2), a median's" if getattr(rule, "median", False) else "")},
+                              "healthy": limit.healthy, "sized_from": rule.basis},
                      detectable=ref + effect)
 
 

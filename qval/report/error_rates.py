@@ -15,14 +15,15 @@ from typing import Any
 
 from .numbers import fmt
 
-#: config name -> {"source", "variants", "rejected", "checks": {"gate/metric": {"limit" or "alpha"[, "healthy"], "failed"[, "uninformative"]}}}
+#: config name -> {"source", "variants", "rejected", "checks": {"gate/metric": {"limit" or "alpha"[, "healthy",
+#: "statistic", "margin"], "failed"[, "uninformative", "pending"]}}}
 #: written from the healthy variants of benchmarks/results/h200_error_rates_<name>_*.json (benchmarks/error_rates.py);
 #: a limit re-derived after the measurement is judged from the stored figures at the new limit — an absolute one
-#: at its new value, a sized one given a `healthy` centre at its stored limit + that centre (the stored one was
-#: sized around 0) — and tests/report/test_error_rates.py re-judges every entry the same way. An entry with
-#: `"statistic": "median"` (gate 3's judge-NLL excess since it became the median over prompts) is judged from the
-#: rows' per-prompt figures: their median against `healthy` + √(π/2) × `margin`, the stored reference's sized
-#: margin for the mean (every row's limit is that margin plus the centre in force when it ran, 0 or 0.005). An
+#: at its new value; a sized one re-centred on `healthy` at that centre + `margin`, the stored reference's sized
+#: margin (every row's limit is that margin plus the centre in force when it ran, 0 or 0.005), its figure the mean
+#: as stored, or with `"statistic": "median"` (gate 3's judge-NLL excess since it became the median over prompts)
+#: the median of the rows' per-prompt figures against `healthy` + √(π/2) × `margin` — and
+#: tests/report/test_error_rates.py re-judges every entry the same way. An
 #: entry with `pending` was measured under a rule the shipped check no longer uses (why, in words): a report
 #: does not show it, nor the whole file's rate, until the measurement is redone
 MEASURED: dict[str, dict[str, Any]] = {

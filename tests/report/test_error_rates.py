@@ -48,22 +48,22 @@ def outcome_at(c: dict, limit: float) -> str:
 
 
 def outcome_of(c: dict, entry: dict, run: dict | None = None) -> str:
-    """A stored check judged at the table's limit: an absolute one at `limit`; a sized one re-centred on a
-    `healthy` figure at its stored limit + that figure (stored limits were sized around the reference's 0); a
-    median over prompts (`statistic`) from the run's per-prompt figures at `healthy` + √(π/2) × `margin`."""
+    """A stored check judged at the table's limit: an absolute one at `limit`; a sized one re-centred on
+    `healthy` at that centre + `margin` (the stored limit less the centre in force when the run was judged),
+    its figure the stored mean, or with `"statistic": "median"` the median of the run's per-prompt figures
+    against `healthy` + √(π/2) × `margin`."""
     if "limit" in entry:
         return outcome_at(c, entry["limit"])
-    if entry.get("statistic"):
-        centre = c["limit"] - entry["margin"]  # the centre in force when the run was judged: 0 or 0.005
-        assert min(abs(centre), abs(centre - 0.005)) < 1e-12 and c.get("healthy", centre) == pytest.approx(centre), run["name"]
-        if entry["statistic"] == "mean":
-            return outcome_at({**c, "on": "value"}, entry["healthy"] + entry["margin"])
-        assert entry["statistic"] == "median" and per_prompt(run), f"{run['name']}: no per-prompt figures to take the median of"
-        limit = entry["healthy"] + MEDIAN_SPREAD * entry["margin"]
-        return "pass" if statistics.median(judge_excess(run)) <= limit else "fail"
-    if entry.get("healthy") is not None:
-        return outcome_at({**c, "on": "value"}, c["limit"] + entry["healthy"])
-    return c["outcome"]
+    if entry.get("healthy") is None:
+        assert "statistic" not in entry and "margin" not in entry, entry
+        return c["outcome"]
+    centre = c["limit"] - entry["margin"]  # the centre in force when the run was judged: 0 or 0.005
+    assert min(abs(centre), abs(centre - 0.005)) < 1e-12 and c.get("healthy", centre) == pytest.approx(centre), run["name"]
+    if entry.get("statistic", "mean") == "mean":
+        return outcome_at({**c, "on": "value"}, entry["healthy"] + entry["margin"])
+    assert entry["statistic"] == "median" and per_prompt(run), f"{run['name']}: no per-prompt figures to take the median of"
+    limit = entry["healthy"] + MEDIAN_SPREAD * entry["margin"]
+    return "pass" if statistics.median(judge_excess(run)) <= limit else "fail"
 
 
 def test_the_table_is_the_stored_measurement() -> None:
