@@ -42,6 +42,8 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 from pydantic import BaseModel, ConfigDict, Field  # noqa: E402
 
 from qval.faults import GRID, Fault, plant  # noqa: E402
+from qval.gate_metrics import Spread  # noqa: E402
+from qval.verdict import row_of  # noqa: E402
 
 
 class PlantedOptions(BaseModel):
@@ -129,13 +131,19 @@ def config_for(job: dict[str, Any], args: argparse.Namespace):  # noqa: ANN201 -
     return cfg.model_copy(update=update)
 
 
+def is_median(gate: str, metric: str) -> bool:
+    """Whether a check's figure is a median over prompts (gate 3's judge-NLL excess), by its gate_metrics row."""
+    row = row_of(gate, metric)
+    return row is not None and isinstance(row.sizing, Spread) and row.sizing.median
+
+
 def summary(job: dict[str, Any], report: dict[str, Any], seconds: float) -> dict[str, Any]:
     v = report["verdict"]
-    # "healthy": the centre a sized limit was set around (absent: 0); "statistic": how a figure over prompts was
-    # taken where the check's description names it ("median over prompts"), else the mean
+    # "healthy": the centre a sized limit was set around (absent: 0); "statistic": "median" where the figure is a
+    # median over prompts (its gate_metrics row says so), else absent: the mean
     checks = {f"{c['gate']}/{c['metric']}": {**{k: c.get(k) for k in ("value", "lo", "hi", "op", "limit", "on", "source", "outcome")},
                                              **({"healthy": c["healthy"]} if c.get("healthy") is not None else {}),
-                                             **({"statistic": "median"} if "median over prompts" in (c.get("description") or "") else {})}
+                                             **({"statistic": "median"} if is_median(c["gate"], c["metric"]) else {})}
               for c in v["checks"]}
     failed = [{"check": f"{c['gate']}/{c['metric']}", "reason": c["reason"]} for c in v["checks"] if c["outcome"] == "fail"]
     return {**job, "name": job_name(job), "decision": v["decision"], "seconds": round(seconds, 1), "failed": failed,

@@ -24,11 +24,13 @@ KEY = "longgen/judge_nll_excess"
 
 
 def runs(check: str) -> list[dict]:
-    """Every run stored for a check file, once each by name (the first file that has it)."""
+    """Every run stored for a check file, once each by name (the first file that has it), whose judge-NLL figure is
+    the mean over prompts (what this centres; rows judged as the median, since 2026-12-05, say `"statistic":
+    "median"`: judge_nll_per_prompt.py states the median's rates from their per-prompt figures)."""
     seen: dict[str, dict] = {}
     for path in sorted(RESULTS.glob(f"h200_error_rates_{check}_*.json")):
         for r in json.loads(path.read_text(encoding="utf-8"))["results"]:
-            if r["decision"] != "ERROR" and KEY in r.get("checks", {}):
+            if r["decision"] != "ERROR" and KEY in r.get("checks", {}) and r["checks"][KEY].get("statistic", "mean") == "mean":
                 seen.setdefault(r["name"], r)
     return list(seen.values())
 

@@ -52,6 +52,11 @@ class Spread:
         """What the limit is sized from, in the report's words."""
         return "the reference's own spread" + (" × √(π/2), a median's" if self.median else "")
 
+    @property
+    def statistic(self) -> str:
+        """How the figure is taken over prompts: "median" or "mean" (gate 3's cache key and the error-rate rows name it)."""
+        return "median" if self.median else "mean"
+
 
 @dataclass(frozen=True)
 class Rate:

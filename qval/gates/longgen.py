@@ -30,7 +30,7 @@ from ..data import dataset_identity, load_dataset
 from ..errors import DataError, StorageError
 from ..io import atomic_write
 from ..judges.longgen import enabled, summarize, thresholds
-from ..gate_metrics import LONGGEN
+from ..gate_metrics import LONGGEN, Spread
 from ..shortfall import shortfall
 from ..metrics.tokens import first_nonfinite
 from ..progress import SILENT
@@ -120,6 +120,8 @@ def run(ctx: GateContext) -> GateResult:
 
 
 PENDING = "pending_judge.pkl"
+#: how the judge-NLL figure is taken over prompts, as its row in gate_metrics.LONGGEN is sized ("median")
+JUDGE_STATISTIC = next(m.sizing.statistic for m in LONGGEN.metrics if m.key == "judge_nll_excess" and isinstance(m.sizing, Spread))
 
 
 def complete(ctx: GateContext, result: GateResult) -> GateResult:
@@ -150,7 +152,7 @@ def inputs(cfg: GateConfig) -> dict[str, Any]:
     # "judge": the judge-NLL figure's statistic, stored in the result: a result cached under the mean is not
     # read back as the median
     return {"gate": g.model_dump(mode="json", exclude=LONGGEN.cache_exclude()), "data": dataset_identity(g.prompts, cfg.resolve(g.prompts)),
-            "judge": "judge_nll_excess: median over prompts"}
+            "judge": f"judge_nll_excess: {JUDGE_STATISTIC} over prompts"}
 
 
 SPEC = GateSpec("longgen", run, thresholds, inputs, enabled, check=check, complete=complete)

@@ -16,16 +16,14 @@ from typing import Any
 from .numbers import fmt
 
 #: config name -> {"source", "variants", "rejected", "checks": {"gate/metric": {"limit" or "alpha"[, "healthy",
-#: "statistic", "margin"], "failed"[, "uninformative", "pending"]}}}
-#: written from the healthy variants of benchmarks/results/h200_error_rates_<name>_*.json (benchmarks/error_rates.py);
+#: "statistic", "margin"], "failed"[, "uninformative"]}}}
+#: written from the healthy variants of benchmarks/results/h[12]00_error_rates_<name>_*.json (benchmarks/error_rates.py);
 #: a limit re-derived after the measurement is judged from the stored figures at the new limit — an absolute one
 #: at its new value; a sized one re-centred on `healthy` at that centre + `margin`, the stored reference's sized
 #: margin (every row's limit is that margin plus the centre in force when it ran, 0 or 0.005), its figure the mean
 #: as stored, or with `"statistic": "median"` (gate 3's judge-NLL excess since it became the median over prompts)
 #: the median of the rows' per-prompt figures against `healthy` + √(π/2) × `margin` — and
-#: tests/report/test_error_rates.py re-judges every entry the same way. An
-#: entry with `pending` was measured under a rule the shipped check no longer uses (why, in words): a report
-#: does not show it, nor the whole file's rate, until the measurement is redone
+#: tests/report/test_error_rates.py re-judges every entry the same way
 MEASURED: dict[str, dict[str, Any]] = {
     "fp8_kvfp16": {
         "source": ("H200, float32, 2026-12-03; benchmarks/RESULTS.md, \"The verdict's own error rates\" "
@@ -71,8 +69,9 @@ MEASURED: dict[str, dict[str, Any]] = {
     "fp8_kvfp8": {
         "source": ("H200, float32, 2026-12-03; benchmarks/RESULTS.md, \"The verdict's own error rates\" (max_ppl_ratio "
                    "and the retrieval margin re-derived from the first 18 variants and judged at the new limits; 9 more "
-                   "measured after; the judge-NLL excess as the mean over prompts re-sized around healthy 0.005 and "
-                   "judged at its new limit: the median it judges now is not yet measured here)"),
+                   "measured after; the judge-NLL excess as the median over prompts around healthy 0.002, from per-prompt "
+                   "figures: s1-s8 re-run on the H200, the other 19 variants on an H100 (2026-12-05), every other "
+                   "figure of which equals the H200 runs' to the last digit)"),
         "variants": 27, "rejected": 0,
         "checks": {
             "agreement/top1": {"limit": 0.85, "failed": 0},
@@ -95,10 +94,8 @@ MEASURED: dict[str, dict[str, Any]] = {
             "longgen/late_top1": {"limit": 0.99, "failed": 0, "uninformative": 27},
             "longgen/late_drift": {"limit": 0.05, "failed": 0, "uninformative": 27},
             "longgen/seq_rep4_excess": {"alpha": 0.005, "failed": 0},
-            "longgen/judge_nll_excess": {"alpha": 0.005, "healthy": 0.005, "statistic": "mean", "margin": 0.024345422103009443,
-                                         "failed": 0,
-                                         "pending": ("measured as the mean over prompts around 0.005; 19 of the 27 variants "
-                                                     "lack the per-prompt figures the median is judged from")},
+            "longgen/judge_nll_excess": {"alpha": 0.005, "healthy": 0.002, "statistic": "median", "margin": 0.024345422103009443,
+                                         "failed": 0},
             "longgen/loops_excess": {"alpha": 0.005, "failed": 0},
             "retrieval/drop@256": {"limit": 0.75, "failed": 0},
             "retrieval/drop@512": {"limit": 0.75, "failed": 0},
@@ -120,8 +117,6 @@ SIZE_NOTE = ("Size: the probability that a candidate at the reference's own leve
 
 
 def _matches(c: dict[str, Any], m: dict[str, Any]) -> bool:
-    if m.get("pending"):
-        return False
     if c.get("source") == "sized":
         return m.get("alpha") is not None and c.get("size") == m["alpha"] and c.get("healthy") == m.get("healthy")
     return m.get("limit") is not None and c.get("limit") == m["limit"]
@@ -143,20 +138,17 @@ def for_report(name: str, checks: list[dict[str, Any]]) -> dict[str, Any]:
     if not m:
         return {"measured": False}
     out: dict[str, Any] = {"measured": True, "source": m["source"], "checks": {}, "file": None}
-    differ, pending = [], []
+    differ = []
     for c in checks:
         key = f"{c['gate']}/{c['metric']}"
         mc = m["checks"].get(key)
         if mc is not None and _matches(c, mc):
             out["checks"][key] = {"failed": mc["failed"], "variants": m["variants"], "uninformative": mc.get("uninformative", 0)}
-        elif mc is not None and mc.get("pending"):
-            pending.append(f"{key} ({mc['pending']})")
         else:
             differ.append(key)
     missing = sorted(set(m["checks"]) - {f"{c['gate']}/{c['metric']}" for c in checks})
-    if differ or missing or pending:
+    if differ or missing:
         out["why_not"] = "; ".join(([f"measured at other limits: {', '.join(differ)}"] if differ else [])
-                                   + ([f"not measured as the check now judges: {', '.join(pending)}"] if pending else [])
                                    + ([f"measured with checks this run lacks: {', '.join(missing)}"] if missing else []))
     else:
         out["file"] = {"variants": m["variants"], "rejected": m["rejected"], "source": m["source"]}

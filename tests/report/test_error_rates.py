@@ -25,9 +25,10 @@ def per_prompt(r: dict) -> list[dict]:
 
 def healthy_runs(name: str) -> list[dict]:
     """Every healthy variant (the shipped selection and the sample seeds) stored for a check file, once each:
-    a run with per-prompt gate-3 figures over a run of the same variant without them (re-runs' figures equal)."""
+    a run with per-prompt gate-3 figures over a run of the same variant without them (re-runs' figures equal,
+    on an H100 as on the H200 but for the judge-NLL statistic: RESULTS.md §12)."""
     runs: dict[str, dict] = {}
-    for path in sorted(RESULTS.glob(f"h200_error_rates_{name}_*.json")):
+    for path in sorted(RESULTS.glob(f"h[12]00_error_rates_{name}_*.json")):
         for r in json.loads(path.read_text(encoding="utf-8"))["results"]:
             if r["variant"] in ("shipped", "healthy") and r["decision"] != "ERROR":
                 if r["name"] not in runs or (per_prompt(r) and not per_prompt(runs[r["name"]])):
@@ -49,25 +50,31 @@ def outcome_at(c: dict, limit: float) -> str:
 
 def outcome_of(c: dict, entry: dict, run: dict | None = None) -> str:
     """A stored check judged at the table's limit: an absolute one at `limit`; a sized one re-centred on
-    `healthy` at that centre + `margin` (the stored limit less the centre in force when the run was judged),
-    its figure the stored mean, or with `"statistic": "median"` the median of the run's per-prompt figures
-    against `healthy` + √(π/2) × `margin`."""
+    `healthy` at that centre + `margin` (the stored limit less the centre in force when the run was judged, and
+    less √(π/2) × `margin` where the run judged the median), its figure the stored mean, or with
+    `"statistic": "median"` the median of the run's per-prompt figures against `healthy` + √(π/2) × `margin`."""
     if "limit" in entry:
         return outcome_at(c, entry["limit"])
     if entry.get("healthy") is None:
         assert "statistic" not in entry and "margin" not in entry, entry
         return c["outcome"]
-    centre = c["limit"] - entry["margin"]  # the centre in force when the run was judged: 0 or 0.005
-    assert min(abs(centre), abs(centre - 0.005)) < 1e-12 and c.get("healthy", centre) == pytest.approx(centre), run["name"]
+    if c.get("statistic") == "median":  # judged as the check judges now: the stored limit is the median's
+        assert c["limit"] == pytest.approx(c["healthy"] + MEDIAN_SPREAD * entry["margin"], abs=1e-12), run["name"]
+    else:
+        centre = c["limit"] - entry["margin"]  # the centre in force when the run was judged: 0 or 0.005
+        assert min(abs(centre), abs(centre - 0.005)) < 1e-12 and c.get("healthy", centre) == pytest.approx(centre), run["name"]
     if entry.get("statistic", "mean") == "mean":
         return outcome_at({**c, "on": "value"}, entry["healthy"] + entry["margin"])
     assert entry["statistic"] == "median" and per_prompt(run), f"{run['name']}: no per-prompt figures to take the median of"
     limit = entry["healthy"] + MEDIAN_SPREAD * entry["margin"]
-    return "pass" if statistics.median(judge_excess(run)) <= limit else "fail"
+    outcome = "pass" if statistics.median(judge_excess(run)) <= limit else "fail"
+    if c.get("statistic") == "median" and c["healthy"] == entry["healthy"]:  # judged at this limit when it ran
+        assert outcome == c["outcome"], run["name"]
+    return outcome
 
 
 def test_the_table_is_the_stored_measurement() -> None:
-    assert set(MEASURED) >= {"fp8_kvfp16"}
+    assert set(MEASURED) >= {"fp8_kvfp16", "fp8_kvfp8"}
     for name, m in MEASURED.items():
         runs = healthy_runs(name)
         assert m["variants"] == len(runs) >= 18, name
@@ -106,10 +113,7 @@ def test_the_shipped_check_file_has_the_measured_limits(name: str) -> None:
             limit = next(s.margin for s in section.suites if s.label == metric.split("@")[1])
         else:
             limit = getattr(section, row.field)
-        if entry.get("pending"):  # measured under a rule the check no longer uses (else it is no longer pending)
-            now = "median" if "median over prompts" in row.label else "mean"
-            assert entry["statistic"] != now or limit.healthy != entry.get("healthy"), key
-        elif "alpha" in entry:
+        if "alpha" in entry:
             assert limit.sized and limit.alpha == entry["alpha"] and limit.healthy == entry.get("healthy"), key
         else:
             assert limit == entry["limit"], key
@@ -150,17 +154,19 @@ def test_stored_per_prompt_figures_are_what_gate_3_judged() -> None:
         assert loops == r["checks"]["longgen/loops_excess"]["value"], r["name"]
 
 
-def test_a_check_measured_under_an_older_rule_withholds_the_file_rate() -> None:
-    """fp8_kvfp8's judge-NLL check was measured as the mean over prompts; it judges the median now: a report of
-    the shipped file shows that check's rate nowhere, the file's rate not at all, and says why."""
-    pending = {k for k, e in MEASURED["fp8_kvfp8"]["checks"].items() if e.get("pending")}
-    assert pending == {"longgen/judge_nll_excess"}
-    checks = []
-    for key, e in MEASURED["fp8_kvfp8"]["checks"].items():
-        gate, metric = key.split("/")
-        sized = "alpha" in e
-        checks.append({"gate": gate, "metric": metric, "source": "sized" if sized else "absolute", "size": e.get("alpha"),
-                       "limit": e.get("limit"), "healthy": 0.002 if key in pending else None})
-    rates = for_report("fp8_kvfp8", checks)
-    assert rates["file"] is None and set(rates["checks"]) == set(MEASURED["fp8_kvfp8"]["checks"]) - pending
-    assert "not measured as the check now judges: longgen/judge_nll_excess (measured as the mean" in file_text(rates)
+def test_a_stored_row_names_the_statistic_its_gate_metrics_row_takes() -> None:
+    """benchmarks/error_rates.py marks a row's figure "median" exactly where its gate_metrics row is sized as a median
+    (gate 3's judge-NLL excess), and gate 3's cache key names the same statistic: one source for both."""
+    import importlib.util
+
+    from qval.gates.longgen import JUDGE_STATISTIC, inputs
+    spec = importlib.util.spec_from_file_location("error_rates_script", ROOT / "benchmarks/error_rates.py")
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    check = {"value": 0.01, "lo": 0.0, "hi": 0.02, "op": "max", "limit": 0.03, "on": "value", "source": "sized", "outcome": "pass"}
+    report = {"verdict": {"decision": "APPROVE", "checks": [{**check, "gate": "longgen", "metric": m, "healthy": 0.002}
+                                                            for m in ("judge_nll_excess", "seq_rep4_excess")]}}
+    row = script.summary({"check": "c.yaml", "variant": "shipped"}, report, 1.0)
+    assert row["checks"]["longgen/judge_nll_excess"]["statistic"] == JUDGE_STATISTIC == "median"
+    assert "statistic" not in row["checks"]["longgen/seq_rep4_excess"]
+    assert inputs(load_config(ROOT / "checks/fp8_kvfp16.yaml"))["judge"] == "judge_nll_excess: median over prompts"
