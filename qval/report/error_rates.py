@@ -2,27 +2,30 @@
 `Check.detectable`: qval/verdict.py) and what was measured of the shipped check files over healthy
 variants (`benchmarks/error_rates.py`; its tables and commands in benchmarks/RESULTS.md).
 
-`MEASURED` holds the measured false rejects, keyed by the config's `name` (a shipped check file's
-stem) and by check (`gate/metric`), each with the limit it was measured at: a report shows a
-measured rate only for a check whose limit is the one measured (a sized check: the same α), and
-the whole check file's rate only when every check matches. Update it from error_rates.json, with
-its source, when a measurement is rerun.
+`MEASURED` holds the measured false rejects, keyed by the shipped check file (its stem: `measured_key`)
+and by check (`gate/metric`), each with the limit it was measured at: a report shows a measured rate
+only for a check whose limit is the one measured (a sized check: the same α), and the whole check
+file's rate only when every check matches. Update it from error_rates.json, with its source, when a
+measurement is rerun.
 """
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 from .numbers import fmt
 
-#: config name -> {"source", "variants", "rejected", "checks": {"gate/metric": {"limit" or "alpha"[, "healthy",
-#: "statistic", "margin"], "failed"[, "uninformative"]}}}
-#: written from the healthy variants of benchmarks/results/h[12]00_error_rates_<name>_*.json (benchmarks/error_rates.py);
+#: check file stem -> {"source", "variants", "rejected"[, "measured_on"], "checks": {"gate/metric": {"limit" or "alpha"[,
+#: "healthy", "statistic", "margin"], "failed"[, "uninformative"]}}}
+#: written from the healthy variants of benchmarks/results/h[12]00_error_rates_<stem>_*.json (benchmarks/error_rates.py),
+#: or of the check file `measured_on` names (its rows' "check"; the shipped file's approving configuration, every
+#: limit the shipped file's, where the shipped selection does not approve on the built-in model);
 #: a limit re-derived after the measurement is judged from the stored figures at the new limit — an absolute one
 #: at its new value; a sized one re-centred on `healthy` at that centre + `margin`, the stored reference's sized
 #: margin (every row's limit is that margin plus the centre in force when it ran, 0 or 0.005), its figure the mean
 #: as stored, or with `"statistic": "median"` (gate 3's judge-NLL excess since it became the median over prompts)
-#: the median of the rows' per-prompt figures against `healthy` + √(π/2) × `margin` — and
+#: the median of the rows' per-prompt figures against `healthy` (0 where absent) + √(π/2) × `margin` — and
 #: tests/report/test_error_rates.py re-judges every entry the same way
 MEASURED: dict[str, dict[str, Any]] = {
     "fp8_kvfp16": {
@@ -107,6 +110,33 @@ MEASURED: dict[str, dict[str, Any]] = {
             "tasks/drop@choice": {"limit": 0.2, "failed": 0},
         },
     },
+    "int8_sq": {
+        "source": ("H200 and H100, float32, 2026-12-04/05, on int8_sq's approving configuration on the built-in model "
+                   "(what --fallback auto writes: SmoothQuant alpha 0.8, every mlp.down_proj kept high; "
+                   "benchmarks/checks/int8_sq_fallback.yaml, every limit this file's); benchmarks/RESULTS.md, \"The "
+                   "verdict's own error rates\" (the judge-NLL excess as the median over prompts, from per-prompt "
+                   "figures: s5-s10 on the H200, the other 21 variants on an H100, whose other figures equal the H200 "
+                   "runs' to the last digit)"),
+        "variants": 27, "rejected": 0, "measured_on": "benchmarks/checks/int8_sq_fallback.yaml",
+        "checks": {
+            "agreement/top1": {"limit": 0.84, "failed": 0},
+            "agreement/mean_kld": {"limit": 0.07, "failed": 0},
+            "agreement/p99_kld": {"limit": 0.5, "failed": 0},
+            "quality/ppl_ratio": {"limit": 1.06, "failed": 0},
+            "quality/bleu_drop_en": {"alpha": 0.005, "failed": 0},
+            "quality/bleu_drop_zh": {"alpha": 0.005, "failed": 0},
+            "quality/chrf_drop_en": {"alpha": 0.005, "failed": 0},
+            "quality/chrf_drop_zh": {"alpha": 0.005, "failed": 0},
+            "longgen/late_top1": {"limit": 0.99, "failed": 0, "uninformative": 27},
+            "longgen/late_drift": {"limit": 0.05, "failed": 0, "uninformative": 27},
+            "longgen/seq_rep4_excess": {"alpha": 0.005, "failed": 0},
+            "longgen/judge_nll_excess": {"alpha": 0.005, "statistic": "median", "margin": 0.03718129722029061, "failed": 0},
+            "longgen/loops_excess": {"alpha": 0.005, "failed": 0},
+            "tasks/drop@recall": {"limit": 0.2, "failed": 0},
+            "tasks/drop@cloze": {"limit": 0.2, "failed": 0},
+            "tasks/drop@choice": {"limit": 0.2, "failed": 0},
+        },
+    },
 }
 
 SIZE_COLUMN = "fails at the reference's level"
@@ -120,6 +150,17 @@ def _matches(c: dict[str, Any], m: dict[str, Any]) -> bool:
     if c.get("source") == "sized":
         return m.get("alpha") is not None and c.get("size") == m["alpha"] and c.get("healthy") == m.get("healthy")
     return m.get("limit") is not None and c.get("limit") == m["limit"]
+
+
+def measured_key(name: str, source_file: str | None) -> str:
+    """The `MEASURED` key of a run: the stem of the check file its config was loaded from (kept by the
+    candidates a sweep or a fallback derives from it, whose names carry "-alpha…" / "-fallback…"), else
+    its name.
+
+    >>> measured_key("int8_sq-alpha0.8-fallback1", "/x/checks/int8_sq.yaml"), measured_key("mine", None)
+    ('int8_sq', 'mine')
+    """
+    return Path(source_file).stem if source_file else name
 
 
 def for_report(name: str, checks: list[dict[str, Any]]) -> dict[str, Any]:

@@ -12,7 +12,7 @@ import pytest
 
 from qval.config import load_config
 from qval.gate_metrics import MEDIAN_SPREAD
-from qval.report.error_rates import MEASURED, file_text, for_report, size_cell
+from qval.report.error_rates import MEASURED, file_text, for_report, measured_key, size_cell
 from qval.verdict import row_of
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -23,14 +23,20 @@ def per_prompt(r: dict) -> list[dict]:
     return (r.get("longgen") or {}).get("per_prompt") or []
 
 
+def measured_file(name: str) -> str:
+    """The check file whose rows measured `MEASURED[name]`: the shipped one, or its approving configuration."""
+    return MEASURED[name].get("measured_on", f"checks/{name}.yaml")
+
+
 def healthy_runs(name: str) -> list[dict]:
     """Every healthy variant (the shipped selection and the sample seeds) stored for a check file, once each:
     a run with per-prompt gate-3 figures over a run of the same variant without them (re-runs' figures equal,
     on an H100 as on the H200 but for the judge-NLL statistic: RESULTS.md §12)."""
     runs: dict[str, dict] = {}
-    for path in sorted(RESULTS.glob(f"h[12]00_error_rates_{name}_*.json")):
+    check = measured_file(name)
+    for path in sorted(RESULTS.glob(f"h[12]00_error_rates_{Path(check).stem}_*.json")):
         for r in json.loads(path.read_text(encoding="utf-8"))["results"]:
-            if r["variant"] in ("shipped", "healthy") and r["decision"] != "ERROR":
+            if r["check"] == check and r["variant"] in ("shipped", "healthy") and r["decision"] != "ERROR":
                 if r["name"] not in runs or (per_prompt(r) and not per_prompt(runs[r["name"]])):
                     runs[r["name"]] = r
     return list(runs.values())
@@ -55,29 +61,30 @@ def outcome_of(c: dict, entry: dict, run: dict | None = None) -> str:
     `"statistic": "median"` the median of the run's per-prompt figures against `healthy` + √(π/2) × `margin`."""
     if "limit" in entry:
         return outcome_at(c, entry["limit"])
-    if entry.get("healthy") is None:
-        assert "statistic" not in entry and "margin" not in entry, entry
+    if "margin" not in entry:  # judged as it ran
+        assert "healthy" not in entry and "statistic" not in entry, entry
         return c["outcome"]
+    healthy = entry.get("healthy", 0.0)  # a sized check without a centre is centred on 0
     if c.get("statistic") == "median":  # judged as the check judges now: the stored limit is the median's
-        assert c["limit"] == pytest.approx(c["healthy"] + MEDIAN_SPREAD * entry["margin"], abs=1e-12), run["name"]
+        assert c["limit"] == pytest.approx(c.get("healthy", 0.0) + MEDIAN_SPREAD * entry["margin"], abs=1e-12), run["name"]
     else:
         centre = c["limit"] - entry["margin"]  # the centre in force when the run was judged: 0 or 0.005
         assert min(abs(centre), abs(centre - 0.005)) < 1e-12 and c.get("healthy", centre) == pytest.approx(centre), run["name"]
     if entry.get("statistic", "mean") == "mean":
-        return outcome_at({**c, "on": "value"}, entry["healthy"] + entry["margin"])
+        return outcome_at({**c, "on": "value"}, healthy + entry["margin"])
     assert entry["statistic"] == "median" and per_prompt(run), f"{run['name']}: no per-prompt figures to take the median of"
-    limit = entry["healthy"] + MEDIAN_SPREAD * entry["margin"]
+    limit = healthy + MEDIAN_SPREAD * entry["margin"]
     outcome = "pass" if statistics.median(judge_excess(run)) <= limit else "fail"
-    if c.get("statistic") == "median" and c["healthy"] == entry["healthy"]:  # judged at this limit when it ran
+    if c.get("statistic") == "median" and c.get("healthy") == entry.get("healthy"):  # judged at this limit when it ran
         assert outcome == c["outcome"], run["name"]
     return outcome
 
 
 def test_the_table_is_the_stored_measurement() -> None:
-    assert set(MEASURED) >= {"fp8_kvfp16", "fp8_kvfp8"}
+    assert set(MEASURED) >= {"fp8_kvfp16", "fp8_kvfp8", "int8_sq"}
     for name, m in MEASURED.items():
         runs = healthy_runs(name)
-        assert m["variants"] == len(runs) >= 18, name
+        assert m["variants"] == len(runs) >= 20, name
         assert set(m["checks"]) == set(runs[0]["checks"]), name
         rejected = 0
         for r in runs:
@@ -97,26 +104,49 @@ def test_rejudging_a_stored_check_moves_with_the_limit() -> None:
     assert (outcome_at(c, 0.6), outcome_at(c, 0.5), outcome_at({**c, "outcome": "uninformative"}, 0.5)) == ("pass", "fail", "uninformative")
 
 
+def shipped_limit(cfg, key: str):
+    """A check's limit as a check file sets it (a number, or a sized limit's settings)."""
+    gate, metric = key.split("/")
+    row = row_of(gate, metric)
+    assert row is not None, key
+    section = getattr(cfg.gates, gate)
+    if gate == "retrieval":
+        return section.margin if "@" in metric else section.margin_overall
+    if gate == "tasks":
+        return next(s.margin for s in section.suites if s.label == metric.split("@")[1])
+    return getattr(section, row.field)
+
+
 @pytest.mark.parametrize("name", sorted(MEASURED))
 def test_the_shipped_check_file_has_the_measured_limits(name: str) -> None:
     """A limit moved in a shipped check file without updating its measured rates would silently drop
     them from every report: this fails first."""
     cfg = load_config(ROOT / f"checks/{name}.yaml")
+    if "measured_on" in MEASURED[name]:  # measured on the shipped file's approving configuration: the same limits
+        assert load_config(ROOT / MEASURED[name]["measured_on"]).gates == cfg.gates, name
     for key, entry in MEASURED[name]["checks"].items():
-        gate, metric = key.split("/")
-        row = row_of(gate, metric)
-        assert row is not None, key
-        section = getattr(cfg.gates, gate)
-        if gate == "retrieval":
-            limit = section.margin if "@" in metric else section.margin_overall
-        elif gate == "tasks":
-            limit = next(s.margin for s in section.suites if s.label == metric.split("@")[1])
-        else:
-            limit = getattr(section, row.field)
+        limit = shipped_limit(cfg, key)
         if "alpha" in entry:
             assert limit.sized and limit.alpha == entry["alpha"] and limit.healthy == entry.get("healthy"), key
         else:
             assert limit == entry["limit"], key
+
+
+@pytest.mark.parametrize("name", sorted(MEASURED))
+def test_a_run_of_the_shipped_file_shows_the_whole_files_rate(name: str) -> None:
+    """Every candidate of a shipped check file — the sweep's "-alpha…" ones and a fallback's steps included,
+    whose names are not the file's — shows the file's measured rate: the key is the file, not the name."""
+    cfg = load_config(ROOT / f"checks/{name}.yaml")
+    checks = []
+    for key in MEASURED[name]["checks"]:
+        gate, metric = key.split("/")
+        limit = shipped_limit(cfg, key)
+        checks.append({"gate": gate, "metric": metric, "source": "sized", "size": limit.alpha, "healthy": limit.healthy}
+                      if getattr(limit, "sized", False) else {"gate": gate, "metric": metric, "limit": limit, "source": "absolute"})
+    key = measured_key(f"{cfg.name}-alpha0.8-fallback1", cfg.source_file)
+    assert key == name and for_report(key, checks)["file"]["variants"] == MEASURED[name]["variants"]
+    assert f"{MEASURED[name]['rejected']} of {MEASURED[name]['variants']} healthy variants" in file_text(for_report(key, checks))
+    assert for_report(measured_key(cfg.name, "elsewhere/my_check.yaml"), checks) == {"measured": False}
 
 
 def test_a_report_shows_the_measured_rate_only_at_the_measured_limits() -> None:
