@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from qval.calibration import expand_alphas
 from qval.config import load_config
 from qval.gate_metrics import MEDIAN_SPREAD
 from qval.report.error_rates import MEASURED, file_text, for_report, measured_key, size_cell
@@ -58,7 +59,8 @@ def outcome_of(c: dict, entry: dict, run: dict | None = None) -> str:
     """A stored check judged at the table's limit: an absolute one at `limit`; a sized one re-centred on
     `healthy` at that centre + `margin` (the stored limit less the centre in force when the run was judged, and
     less √(π/2) × `margin` where the run judged the median), its figure the stored mean, or with
-    `"statistic": "median"` the median of the run's per-prompt figures against `healthy` + √(π/2) × `margin`."""
+    `"statistic": "median"` the median of the run's per-prompt figures against `healthy` + √(π/2) × `margin`
+    (`healthy` 0 where the entry has none: a sized check without a centre)."""
     if "limit" in entry:
         return outcome_at(c, entry["limit"])
     if "margin" not in entry:  # judged as it ran
@@ -143,9 +145,14 @@ def test_a_run_of_the_shipped_file_shows_the_whole_files_rate(name: str) -> None
         limit = shipped_limit(cfg, key)
         checks.append({"gate": gate, "metric": metric, "source": "sized", "size": limit.alpha, "healthy": limit.healthy}
                       if getattr(limit, "sized", False) else {"gate": gate, "metric": metric, "limit": limit, "source": "absolute"})
-    key = measured_key(f"{cfg.name}-alpha0.8-fallback1", cfg.source_file)
-    assert key == name and for_report(key, checks)["file"]["variants"] == MEASURED[name]["variants"]
-    assert f"{MEASURED[name]['rejected']} of {MEASURED[name]['variants']} healthy variants" in file_text(for_report(key, checks))
+    # the candidates as the sweep names them, and a fallback step's copy of one (qval/diagnostics/fallback.py)
+    candidates = [c for c, _ in expand_alphas(cfg)]
+    candidates.append(candidates[-1].model_copy(update={"name": f"{candidates[-1].name}-fallback1"}))
+    for c in candidates:
+        key = measured_key(c.name, c.source_file)
+        assert key == name and for_report(key, checks)["file"]["variants"] == MEASURED[name]["variants"], c.name
+        assert f"{MEASURED[name]['rejected']} of {MEASURED[name]['variants']} healthy variants" in file_text(for_report(key, checks))
+    assert (len(candidates) == 3) == (name == "int8_sq")  # int8_sq sweeps two alphas, each under its own name
     assert for_report(measured_key(cfg.name, "elsewhere/my_check.yaml"), checks) == {"measured": False}
 
 

@@ -38,3 +38,22 @@ def test_fallback_steps_lose_their_checks_and_the_report_is_not_changed_in_place
     out = schema.with_fallback(report, record)
     assert out["fallback"] == {"approved": True, "explanation": "x", "steps": [{"step": 1, "approved": True}]}
     assert report == {"name": "r"}
+
+
+def test_the_measured_rates_are_looked_up_by_the_check_file_not_the_candidates_name():
+    """A sweep's candidate of checks/int8_sq.yaml ("int8_sq-alpha0.8") reports int8_sq's measured rates; the same
+    config not loaded from that file does not."""
+    from qval.calibration import expand_alphas
+    from qval.config import load_config
+
+    cfg = expand_alphas(load_config(Path(__file__).parents[2] / "checks/int8_sq.yaml"))[-1][0]
+    results = {"agreement": GateResult("agreement", "ok")}
+    verdict = decide(results, [Threshold("agreement", "top1", "min", 0.84, "top-1")])
+
+    def rates(c):
+        return schema.build_report(c, verdict, results, reference={}, engine=None, calibration=None, stages={},
+                                   environment={"versions": {}, "device": "cpu"}, numerics={}, diagnostics=None,
+                                   seconds=1.0)["error_rates"]
+    assert cfg.name == "int8_sq-alpha0.8" and rates(cfg)["measured"] is True
+    assert "checks this run lacks" in rates(cfg)["why_not"]  # the other 15 checks are not in this verdict
+    assert rates(cfg.model_copy(update={"source_file": None})) == {"measured": False}
