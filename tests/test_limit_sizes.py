@@ -34,10 +34,21 @@ DEFECT = 0.30
 LATE_TOP1 = ("min_late_top1 0.99 met by the lower end over 8 prompts: at se 0.0041 a candidate at the reference's "
              "level fails 32 %; only a continuation that loops (se 0) meets it reliably. On the built-in model the loop "
              "rule (qval/gates/longgen.loop_rule) now sets the check aside; on a reference that does not loop it stands")
-DEFECTS = {(f, "longgen/late_top1"): LATE_TOP1 for f in ("fp8_kvfp8", "int8_sq", "int4_awq", "w4a8_awq", "nvfp4")}
-#: check file -> the stored error-rate runs (benchmarks/results) its `min_late_top1` was derived from
-LATE_TOP1_MEASURED = {"fp8_kvfp16": ("cpu_error_rates_fp8_kvfp16_healthy.json", "cpu_error_rates_fp8_kvfp16_healthy_s8.json",
-                                     "cpu_error_rates_fp8_kvfp16_healthy_s18.json")}
+DEFECTS = {(f, "longgen/late_top1"): LATE_TOP1 for f in ("int4_awq", "w4a8_awq", "nvfp4")}
+#: check file -> the stored error-rate runs (benchmarks/results) its `min_late_top1` was derived from: its own
+#: healthy variants, or (int8_sq) its approving configuration's, benchmarks/checks/int8_sq_fallback.yaml (the same
+#: limits: tests/test_config.py); fp8_kvfp16's on the CPU, the others' on the H200 and an H100 (the H200's 21
+#: fp8_kvfp16 variants give fp8_kvfp16's same 0.976: RESULTS.md §12, "Late top-1")
+LATE_TOP1_MEASURED = {
+    "fp8_kvfp16": ("cpu_error_rates_fp8_kvfp16_healthy.json", "cpu_error_rates_fp8_kvfp16_healthy_s8.json",
+                   "cpu_error_rates_fp8_kvfp16_healthy_s18.json"),
+    "fp8_kvfp8": ("h200_error_rates_fp8_kvfp8_healthy.json", "h200_error_rates_fp8_kvfp8_outofsample.json",
+                  "h200_error_rates_fp8_kvfp8_healthy_perprompt.json", "h100_error_rates_fp8_kvfp8_healthy_perprompt_s9.json",
+                  "h100_error_rates_fp8_kvfp8_healthy_perprompt_s25.json"),
+    "int8_sq": ("h200_error_rates_int8_sq_fallback_cudaext_s5.json", "h100_error_rates_int8_sq_fallback_perprompt_shipped_s1.json",
+                "h100_error_rates_int8_sq_fallback_perprompt_s11.json", "h100_error_rates_int8_sq_fallback_perprompt_s15.json",
+                "h100_error_rates_int8_sq_fallback_perprompt_s19.json"),
+}
 #: per suite: (reference accuracy, the largest discordant rate an approving shipped candidate showed)
 TASKS = {"recall": (0.500, 5 / 40), "cloze": (0.325, 4 / 40), "choice": (0.525, 2 / 40)}
 RETRIEVAL_MISS = 1 / 20
@@ -57,7 +68,7 @@ def late_top1_script():  # noqa: ANN201 - the module benchmarks/late_top1_health
 def late_top1_healthy(name: str) -> dict:
     """The healthy early top-1 of a check file's stored runs and the limit derived from it (late_top1_healthy.derive)."""
     script = late_top1_script()
-    rows = script.rows_by_check([ROOT / "benchmarks/results" / f for f in LATE_TOP1_MEASURED[name]])[name]
+    [rows] = script.rows_by_check([ROOT / "benchmarks/results" / f for f in LATE_TOP1_MEASURED[name]]).values()  # one check file
     return script.derive([r for r in rows.values() if r["variant"] in ("shipped", "healthy")])
 
 
@@ -115,8 +126,9 @@ def test_every_shipped_bound_limit_was_sized(sizes: dict[tuple[str, str], float]
 
 def test_sizes_that_hold_today(sizes: dict[tuple[str, str], float]) -> None:
     """The figures quoted in benchmarks/RESULTS.md ("The verdict's own error rates"), to three decimals."""
-    assert round(sizes[("fp8_kvfp8", "longgen/late_top1")], 2) == 0.32  # 0.99 at a perfect candidate's noise
-    assert sizes[("fp8_kvfp16", "longgen/late_top1")] <= 0.005  # derived: at the measured healthy level
+    assert round(sizes[("int4_awq", "longgen/late_top1")], 2) == 0.32  # 0.99 at a perfect candidate's noise
+    for name in ("fp8_kvfp16", "fp8_kvfp8", "int8_sq"):
+        assert sizes[(name, "longgen/late_top1")] <= 0.005, name  # derived: at the measured healthy level
     assert round(sizes[("fp8_kvfp16", "longgen/late_drift")], 3) == 0.014
     assert round(sizes[("fp8_kvfp16", "retrieval/drop@256")], 3) == 0.001  # margin 0.75 (was 0.6: 0.023)
     assert round(sizes[("fp8_kvfp16", "retrieval/drop")], 3) == 0.075
