@@ -100,10 +100,23 @@ def compare(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
 
 
 def load(path: Path) -> dict[str, Any]:
-    """A report.json, or one gzipped (`.gz`: how benchmarks/results keeps the large ones)."""
-    if path.suffix == ".gz":
-        return json.loads(gzip.decompress(path.read_bytes()).decode("utf-8"))
-    return json.loads(path.read_text(encoding="utf-8"))
+    """A report.json, or one gzipped (`.gz`: how benchmarks/results keeps the large ones); a run folder is read
+    as the report.json in it (`qval gate --out DIR` writes DIR/<name>/report.json: give that one)."""
+    if path.is_dir() and (path / "report.json").is_file():
+        path = path / "report.json"
+    try:
+        raw = gzip.decompress(path.read_bytes()) if path.suffix == ".gz" else path.read_bytes()
+        data = json.loads(raw.decode("utf-8"))
+    except (OSError, EOFError, UnicodeDecodeError, ValueError) as e:  # gzip.BadGzipFile is an OSError
+        raise Unreadable(f"{path}: not a readable report.json ({type(e).__name__}: {e}); "
+                         "give the report.json a `qval gate` run wrote (or its .json.gz)") from None
+    if not isinstance(data, dict):
+        raise Unreadable(f"{path}: a report.json holds a JSON object, this holds a {type(data).__name__}")
+    return data
+
+
+class Unreadable(Exception):
+    """An input that is not a report: exit 2 (1 means that figures differ)."""
 
 
 def main() -> int:
@@ -112,7 +125,12 @@ def main() -> int:
     ap.add_argument("b", type=Path)
     ap.add_argument("--out", type=Path, help="write the whole comparison here as JSON")
     args = ap.parse_args()
-    res = compare(load(args.a), load(args.b))
+    try:
+        a, b = load(args.a), load(args.b)
+    except Unreadable as e:
+        print(f"compare_reports.py: {e}", file=sys.stderr)
+        return 2
+    res = compare(a, b)
     if args.out:
         args.out.write_text(json.dumps(res, indent=1), encoding="utf-8")
     print(f"{res['differing']} of {res['figures']} figures differ ({res['timing_leaves_skipped']} timing leaves skipped; "
