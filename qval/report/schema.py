@@ -13,7 +13,7 @@ from ..gates import GATES
 from ..io import hash_json
 from ..quantize.formats import FORMATS
 from ..verdict import GateResult, Verdict
-from .error_rates import for_report, measured_key
+from .error_rates import for_report, measured_key, run_configuration
 
 SCHEMA, SCHEMA_VERSION = "qval.report", 1
 DIAGNOSTICS_SCHEMA, DIAGNOSTICS_SCHEMA_VERSION = "qval.diagnostics", 1
@@ -78,7 +78,7 @@ def build_report(cfg: GateConfig, verdict: Verdict, results: dict[str, GateResul
         "name": cfg.name,
         "description": cfg.description,
         "verdict": (v := verdict.to_dict()),
-        "error_rates": for_report(measured_key(cfg.name, cfg.source_file), v["checks"]),
+        "error_rates": for_report(measured_key(cfg.name, cfg.source_file), v["checks"], run_configuration(cfg, reference)),
         "config": config,
         "config_hash": hash_json(config),
         "config_file": cfg.source_file,

@@ -13,7 +13,8 @@ import pytest
 from qval.calibration import expand_alphas
 from qval.config import load_config
 from qval.gate_metrics import MEDIAN_SPREAD
-from qval.report.error_rates import MEASURED, file_text, for_report, measured_key, size_cell
+from qval.report.error_rates import (BUILTIN_MODEL, MEASURED, configuration_differs, file_text, for_report, measured_key,
+                                     run_configuration, size_cell)
 from qval.verdict import row_of
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -134,45 +135,111 @@ def test_the_shipped_check_file_has_the_measured_limits(name: str) -> None:
             assert limit == entry["limit"], key
 
 
-@pytest.mark.parametrize("name", sorted(MEASURED))
-def test_a_run_of_the_shipped_file_shows_the_whole_files_rate(name: str) -> None:
-    """Every candidate of a shipped check file — the sweep's "-alpha…" ones and a fallback's steps included,
-    whose names are not the file's — shows the file's measured rate: the key is the file, not the name."""
-    cfg = load_config(ROOT / f"checks/{name}.yaml")
+#: the reference as a report describes the built-in model computed in float32 (what the measurements ran)
+BUILTIN_F32 = {"fingerprint": BUILTIN_MODEL, "compute_dtype": "float32"}
+
+
+def shipped_checks(cfg, name: str) -> list[dict]:
+    """The verdict's checks of a run of `cfg`, at the shipped file's limits, for `MEASURED[name]`'s keys."""
     checks = []
     for key in MEASURED[name]["checks"]:
         gate, metric = key.split("/")
         limit = shipped_limit(cfg, key)
         checks.append({"gate": gate, "metric": metric, "source": "sized", "size": limit.alpha, "healthy": limit.healthy}
                       if getattr(limit, "sized", False) else {"gate": gate, "metric": metric, "limit": limit, "source": "absolute"})
-    # the candidates as the sweep names them, and a fallback step's copy of one (qval/diagnostics/fallback.py)
+    return checks
+
+
+def test_the_builtin_models_fingerprint_is_the_installed_files() -> None:
+    from qval import models
+    assert models.locate(load_config(ROOT / "checks/fp8_kvfp16.yaml").model)[3] == BUILTIN_MODEL
+
+
+@pytest.mark.parametrize("name", sorted(MEASURED))
+def test_the_measured_configuration_is_the_one_the_rows_ran(name: str) -> None:
+    """A `MEASURED` entry's configuration is its rows' check file as they ran it (the built-in model in float32,
+    every stored file's dtype): a run of that file matches it whatever its calibration sample."""
+    metas = [json.loads(p.read_text(encoding="utf-8"))["meta"]
+             for p in sorted(RESULTS.glob(f"h[12]00_error_rates_{Path(measured_file(name)).stem}_*.json"))]
+    assert metas and {m["dtype"] for m in metas} == {MEASURED[name]["configuration"]["compute_dtype"]}, name
+    cfg = load_config(ROOT / measured_file(name))
+    assert configuration_differs(MEASURED[name]["configuration"], run_configuration(cfg, BUILTIN_F32)) == [], name
+    seeded = cfg.model_copy(update={"calibration": cfg.calibration.model_copy(update={"sample_seed": 7})})
+    assert configuration_differs(MEASURED[name]["configuration"], run_configuration(seeded, BUILTIN_F32)) == [], name
+
+
+@pytest.mark.parametrize("name", sorted(MEASURED))
+def test_a_run_of_the_shipped_file_shows_the_whole_files_rate_where_it_is_the_measured_configuration(name: str) -> None:
+    """The key is the check file, not the candidate's name: a fallback step ("-fallback1") and a sweep's candidate
+    ("-alpha0.8") of a shipped file find its entry; they show its rate where their configuration is the measured one
+    (int8_sq: only alpha 0.8 with every mlp.down_proj kept high, what `--fallback auto` approves), and say which
+    part differs where not."""
+    cfg = load_config(ROOT / f"checks/{name}.yaml")
+    checks = shipped_checks(cfg, name)
+    measured = MEASURED[name]["configuration"]["quant"]
     candidates = [c for c, _ in expand_alphas(cfg)]
-    candidates.append(candidates[-1].model_copy(update={"name": f"{candidates[-1].name}-fallback1"}))
+    last = candidates[-1]
+    candidates.append(last.model_copy(update={"name": f"{last.name}-fallback1", "quant": last.quant.model_copy(
+        update={"exclude": list(measured["exclude"])})}))  # a fallback step's copy (qval/diagnostics/fallback.py)
+    assert (len(candidates) == 3) == (name == "int8_sq")  # int8_sq sweeps two alphas, each under its own name
+    shown = []
     for c in candidates:
         key = measured_key(c.name, c.source_file)
-        assert key == name and for_report(key, checks)["file"]["variants"] == MEASURED[name]["variants"], c.name
-        assert f"{MEASURED[name]['rejected']} of {MEASURED[name]['variants']} healthy variants" in file_text(for_report(key, checks))
-    assert (len(candidates) == 3) == (name == "int8_sq")  # int8_sq sweeps two alphas, each under its own name
-    assert for_report(measured_key(cfg.name, "elsewhere/my_check.yaml"), checks) == {"measured": False}
+        rates = for_report(key, checks, run_configuration(c, BUILTIN_F32))
+        assert key == name and rates["measured"], c.name
+        if rates["file"] is not None:
+            shown.append(c.name)
+            assert rates["file"]["variants"] == MEASURED[name]["variants"] and len(rates["checks"]) == len(checks), c.name
+            assert f"{MEASURED[name]['rejected']} of {MEASURED[name]['variants']} healthy variants" in file_text(rates)
+        else:
+            assert rates["why_not"].startswith("measured on another configuration: quant.") and rates["checks"] == {}, c.name
+            assert "not as it ran here" in file_text(rates), c.name
+    assert shown == ([candidates[-1].name] if name == "int8_sq" else [c.name for c in candidates]), name
+    assert for_report(measured_key(cfg.name, "elsewhere/my_check.yaml"), checks, run_configuration(cfg, BUILTIN_F32)) == {"measured": False}
+
+
+@pytest.mark.parametrize("change, says", [
+    ({"model": "0" * 64}, "the reference model: measured on the built-in model, this run another (fingerprint 000000000000…)"),
+    ({"compute_dtype": "float16"}, "the compute dtype: measured float32, this run float16"),
+    ({"compute_dtype": None}, "the compute dtype: measured float32, this run not recorded"),
+    ({"backend": "vllm"}, "the engine backend: measured fakequant, this run vllm"),
+    ({"quant.kv_cache": "fp8"}, "quant.kv_cache: measured fp16, this run fp8"),
+    ({"quant.exclude": ["*lm_head*", "*layers.3.*"]}, "quant.exclude: measured *lm_head*, this run *lm_head*, *layers.3.*"),
+    ({"calibration.samples": 512}, "calibration.samples: measured 64, this run 512"),
+])
+def test_a_run_of_another_configuration_shows_no_measured_rate(change: dict, says: str) -> None:
+    """Rates measured on the built-in model in float32 are not this run's when it gates another model (a user's
+    own, with the shipped file's limits), another dtype (float16 on a GPU), engine, quantization or calibration."""
+    cfg = load_config(ROOT / "checks/fp8_kvfp16.yaml")
+    run = run_configuration(cfg, BUILTIN_F32)
+    for k, v in change.items():
+        part, _, field = k.partition(".")
+        run = {**run, part: {**run[part], field: v}} if field else {**run, part: v}
+    rates = for_report("fp8_kvfp16", shipped_checks(cfg, "fp8_kvfp16"), run)
+    assert rates == {"measured": True, "source": MEASURED["fp8_kvfp16"]["source"], "checks": {}, "file": None,
+                     "why_not": f"measured on another configuration: {says}"}
+    assert all("measured" not in size_cell(c, rates) for c in shipped_checks(cfg, "fp8_kvfp16"))
+    assert "not as it ran here (measured on another configuration: " in file_text(rates)
 
 
 def test_a_report_shows_the_measured_rate_only_at_the_measured_limits() -> None:
+    run = run_configuration(load_config(ROOT / "checks/fp8_kvfp16.yaml"), BUILTIN_F32)
     checks = [{"gate": "agreement", "metric": "top1", "limit": 0.86, "source": "absolute", "size": 0.0},
               {"gate": "longgen", "metric": "judge_nll_excess", "limit": 0.02, "source": "sized", "size": 0.005}]
-    rates = for_report("fp8_kvfp16", checks)
+    rates = for_report("fp8_kvfp16", checks, run)
     # the table's judge-NLL entry was judged around healthy 0.002: a check sized around 0 is another limit
     assert rates["checks"]["agreement/top1"]["failed"] == 0 and "longgen/judge_nll_excess" not in rates["checks"]
     assert "measured at other limits: longgen/judge_nll_excess" in rates["why_not"]
     checks[1]["healthy"] = 0.002
-    rates = for_report("fp8_kvfp16", checks)
+    rates = for_report("fp8_kvfp16", checks, run)
     assert "longgen/judge_nll_excess" in rates["checks"]
     assert rates["file"] is None and "checks this run lacks" in file_text(rates)  # the rest of the file's checks are missing
     assert size_cell(checks[1], rates) == (f"≤ 0.005 (α; at 0.002, the healthy figure it is sized around); "
                                            f"measured 0/{MEASURED['fp8_kvfp16']['variants']}")
     assert size_cell({**checks[1], "healthy": None}, None) == "≤ 0.005 (α)"
-    moved = for_report("fp8_kvfp16", [{**checks[0], "limit": 0.87}])
+    moved = for_report("fp8_kvfp16", [{**checks[0], "limit": 0.87}], run)
     assert moved["checks"] == {} and "measured at other limits: agreement/top1" in file_text(moved)
-    assert for_report("my_check", checks) == {"measured": False} and "not measured" in file_text({"measured": False})
+    assert for_report("my_check", checks, run) == {"measured": False} and "not measured" in file_text({"measured": False})
 
 
 def test_stored_per_prompt_figures_are_what_gate_3_judged() -> None:

@@ -40,20 +40,32 @@ def test_fallback_steps_lose_their_checks_and_the_report_is_not_changed_in_place
     assert report == {"name": "r"}
 
 
-def test_the_measured_rates_are_looked_up_by_the_check_file_not_the_candidates_name():
-    """A sweep's candidate of checks/int8_sq.yaml ("int8_sq-alpha0.8") reports int8_sq's measured rates; the same
-    config not loaded from that file does not."""
+def test_the_measured_rates_are_looked_up_by_the_check_file_and_the_run_not_the_candidates_name():
+    """A candidate of checks/int8_sq.yaml named by the sweep and the fallback ("int8_sq-alpha0.8-fallback1") reports
+    int8_sq's measured rates where it is the measured configuration (alpha 0.8, every mlp.down_proj kept high, the
+    built-in model in float32); the same config not loaded from that file, or of another reference model or compute
+    dtype, does not (the reference's description is the report's "model")."""
     from qval.calibration import expand_alphas
     from qval.config import load_config
+    from qval.report.error_rates import BUILTIN_MODEL
 
     cfg = expand_alphas(load_config(Path(__file__).parents[2] / "checks/int8_sq.yaml"))[-1][0]
+    cfg = cfg.model_copy(update={"name": f"{cfg.name}-fallback1",
+                                 "quant": cfg.quant.model_copy(update={"exclude": [*cfg.quant.exclude, "*mlp.down_proj.*"]})})
     results = {"agreement": GateResult("agreement", "ok")}
     verdict = decide(results, [Threshold("agreement", "top1", "min", 0.84, "top-1")])
+    builtin = {"name": "SmolLM2", "fingerprint": BUILTIN_MODEL, "compute_dtype": "float32"}
 
-    def rates(c):
-        return schema.build_report(c, verdict, results, reference={}, engine=None, calibration=None, stages={},
+    def rates(c, reference=builtin):
+        return schema.build_report(c, verdict, results, reference=reference, engine=None, calibration=None, stages={},
                                    environment={"versions": {}, "device": "cpu"}, numerics={}, diagnostics=None,
                                    seconds=1.0)["error_rates"]
-    assert cfg.name == "int8_sq-alpha0.8" and rates(cfg)["measured"] is True
+    assert cfg.name == "int8_sq-alpha0.8-fallback1" and rates(cfg)["measured"] is True
+    assert rates(cfg)["checks"] == {"agreement/top1": {"failed": 0, "variants": 27, "uninformative": 0}}
     assert "checks this run lacks" in rates(cfg)["why_not"]  # the other 15 checks are not in this verdict
     assert rates(cfg.model_copy(update={"source_file": None})) == {"measured": False}
+    assert rates(cfg, {**builtin, "compute_dtype": "float16"})["why_not"] == (
+        "measured on another configuration: the compute dtype: measured float32, this run float16")
+    assert "the reference model" in rates(cfg, {"fingerprint": "ab" * 32, "compute_dtype": "float32"})["why_not"]
+    unswept = expand_alphas(load_config(Path(__file__).parents[2] / "checks/int8_sq.yaml"))[-1][0]
+    assert rates(unswept)["checks"] == {} and "quant.exclude" in rates(unswept)["why_not"]
