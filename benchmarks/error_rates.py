@@ -91,16 +91,16 @@ def tiny(cfg):  # noqa: ANN001, ANN201 - a GateConfig at budgets two CPU cores r
 
 
 def jobs(checks: list[str], healthy: int, faults: list[tuple[str, list[float]]], fault_seeds: int,
-         healthy_from: int = 1) -> list[dict[str, Any]]:
+         healthy_from: int = 1, fault_seeds_from: int = 1) -> list[dict[str, Any]]:
     """The shipped variant of each check first, then its healthy variants (sample seeds healthy_from ..
-    healthy_from + healthy - 1), then the faults seed by seed (so a run cut short has every severity
-    at its first seeds)."""
+    healthy_from + healthy - 1), then the faults seed by seed (seeds fault_seeds_from .. fault_seeds_from
+    + fault_seeds - 1, so a run cut short has every severity at its first seeds)."""
     out = []
     for check in checks:
         out.append({"check": check, "variant": "shipped", "sample_seed": None})
         out += [{"check": check, "variant": "healthy", "sample_seed": s} for s in range(healthy_from, healthy_from + healthy)]
         out += [{"check": check, "variant": "fault", "sample_seed": seed, "fault": {"kind": kind, "severity": sev, "seed": seed}}
-                for seed in range(1, fault_seeds + 1) for kind, sevs in faults for sev in sevs]
+                for seed in range(fault_seeds_from, fault_seeds_from + fault_seeds) for kind, sevs in faults for sev in sevs]
     return out
 
 
@@ -249,7 +249,8 @@ def main() -> None:
                     help="skip the shipped variant: an earlier call into the same --out filled the reference snapshot "
                          "(every worker starts at once)")
     ap.add_argument("--faults", nargs="*", default=[], help="fault kinds, each KIND or KIND:s1,s2,…")
-    ap.add_argument("--fault-seeds", type=int, default=5)
+    ap.add_argument("--fault-seeds", type=int, default=5, help="seeds per fault severity")
+    ap.add_argument("--fault-seeds-from", type=int, default=1, help="the first fault seed (to extend an earlier run)")
     ap.add_argument("--fault-start", type=int, default=512, help="late_positions: the first damaged position")
     ap.add_argument("--workers", type=int, default=1)
     ap.add_argument("--device", default="cpu", choices=["cpu", "cuda", "auto"])
@@ -268,7 +269,8 @@ def main() -> None:
     args.stop_at = t_start + args.deadline
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    all_jobs = jobs(args.checks, args.healthy, parse_faults(args.faults), args.fault_seeds, args.healthy_from)
+    all_jobs = jobs(args.checks, args.healthy, parse_faults(args.faults), args.fault_seeds, args.healthy_from,
+                    args.fault_seeds_from)
     meta = {"command": " ".join(sys.argv), "machine": platform.node(), "platform": platform.platform(), "started": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
             "device": args.device, "dtype": args.dtype, "tiny": args.tiny, "workers": args.workers, "jobs_planned": len(all_jobs)}
     results: list[dict[str, Any]] = []

@@ -4,8 +4,8 @@ Needs vLLM's own environment: $QVAL_VLLM_PYTHON (`.ci/run` builds it and sets QV
 turns a missing vLLM from a skip into a failure). One output folder for the module: the reference's work
 goes into one snapshot, computed once and read by every served candidate.
 
-- the built-in model served as it is: APPROVE, and the exact figures (top-1, NLL, Δp) equal the in-process
-  reference's to what two float32 engines' numerics allow;
+- the built-in model served as it is: APPROVE, and the exact figures (top-1, NLL, Δp, KLD) equal the
+  in-process reference's to what two float32 engines' numerics allow (`same_figures`);
 - the same weights with one layer damaged: REJECTED by gate 1;
 - the same weights blind beyond 600 positions (a sliding window in the served config): gate 1 (positions
   < 512) and depth's first bucket pass, depth's later buckets and retrieval reject;
@@ -68,6 +68,29 @@ def failed_gates(result) -> set[str]:
     return {c.gate for c in result.verdict.checks if c.outcome == "fail"}
 
 
+def _cpu() -> str:
+    try:
+        line = next(x for x in Path("/proc/cpuinfo").read_text().splitlines() if x.startswith("model name"))
+        return line.split(":", 1)[1].strip()
+    except (OSError, StopIteration):
+        return "unknown CPU"
+
+
+def same_figures(nll_a, nll_b, p_a, p_b) -> None:
+    """Two float32 engines' per-position answers for the same model are the same figures: what their kernels'
+    rounding allows, far below what a fault moves. vLLM's CPU kernels are chosen per machine (its builds for
+    AVX2, AVX-512, AVX-512-BF16; oneDNN's own dispatch) and per batch: on this repository's dev machine (AMD
+    EPYC) the true token's NLL differed by at most 5.3e-5 nats, on the CI machine of 2026-12-06 by up to 4.8e-3
+    (the 6 positions its log printed: 4e-5 to 5e-4) in one run and under 1e-3 in the next run of the same folder.
+    One layer's down_proj × 1.5 (the damaged folder below; the dev machine's run) moves the median by 0.10 nats,
+    the largest by 2.5, Δp by up to 0.37 and the mean KLD to 0.028: these limits fail it
+    (test_a_served_reference_gives_the_in_process_reference_s_figures asserts that)."""
+    dn, dp = np.abs(np.asarray(nll_a) - np.asarray(nll_b)), np.abs(np.asarray(p_a) - np.asarray(p_b))
+    seen = (f"|ΔNLL| median {np.median(dn):.3g}, max {dn.max():.3g}; |Δp| max {dp.max():.3g} over {dn.size} "
+            f"positions on {_cpu()}")
+    assert np.median(dn) < 2e-3 and dn.max() < 2e-2 and dp.max() < 1e-2, seen
+
+
 @pytest.fixture(scope="module")
 def clean(out):
     return run_gate(load_config(CHECK), out_dir=str(out))
@@ -81,9 +104,8 @@ def test_the_built_in_model_served_by_vllm_is_approved_with_the_reference_s_figu
     # the exact figures against the in-process reference on the same positions
     a = np.load(out / "served_vllm_cpu" / "gate_agreement" / "positions.npz")
     assert a["top1"].mean() >= 0.999
-    assert np.abs(a["nll_cand"] - a["nll_ref"]).max() < 1e-3
-    assert np.abs(a["p_cand"] - a["p_ref"]).max() < 1e-3
-    assert (a["kld_lower"] <= a["kld"] + 1e-12).all() and a["kld"].mean() < 1e-6
+    same_figures(a["nll_cand"], a["nll_ref"], a["p_cand"], a["p_ref"])
+    assert (a["kld_lower"] <= a["kld"] + 1e-12).all() and a["kld"].mean() < 1e-5, (a["kld"].mean(), _cpu())
     # every gate ran against the server
     assert {g for g, r in clean.report["gates"].items() if r.get("status") == "ok"} >= {
         "agreement", "quality", "longgen", "depth", "retrieval", "tasks"}
@@ -127,8 +149,9 @@ def test_a_served_reference_gives_the_in_process_reference_s_figures(clean, out)
     served = np.load(out / "served_reference" / "gate_agreement" / "positions.npz")
     local = np.load(out / "served_vllm_cpu" / "gate_agreement" / "positions.npz")
     assert served["nll_ref"].shape == local["nll_ref"].shape
-    assert np.abs(served["nll_ref"] - local["nll_ref"]).max() < 1e-3  # the same reference, two float32 engines
-    assert np.abs(served["p_ref"] - local["p_ref"]).max() < 1e-3
+    same_figures(served["nll_ref"], local["nll_ref"], served["p_ref"], local["p_ref"])  # one reference, two engines
+    with pytest.raises(AssertionError):  # the limits see the damaged layer
+        same_figures(served["nll_cand"], served["nll_ref"], served["p_cand"], served["p_ref"])
     assert (served["kld_lower"] <= served["kld"] + 1e-12).all() and served["top1"].mean() < 0.99
 
 
