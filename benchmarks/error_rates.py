@@ -29,6 +29,7 @@ import json
 import multiprocessing as mp
 import platform
 import queue
+import signal
 import sys
 import time
 import traceback
@@ -288,7 +289,33 @@ def main() -> None:
     first = [j for j in all_jobs if j["variant"] == "shipped"]
     rest = [j for j in all_jobs if j["variant"] != "shipped"]
     procs = [ctx.Process(target=worker, args=(0, args, todo, done), daemon=True)]
-    procs[0].start()
+
+    def stop(signum: int, _frame: Any) -> None:  # SIGTERM (kill, timeout) ends it as Ctrl-C does: through finally
+        raise SystemExit(128 + signum)
+
+    signal.signal(signal.SIGTERM, stop)
+    stopped = "deadline"
+    try:
+        procs[0].start()
+        run_queue(args, t_start, first, rest, procs, ctx, todo, done, results, write)
+    except (KeyboardInterrupt, SystemExit):
+        stopped = "interrupted"
+        raise
+    finally:  # no worker outlives this process, and the tables hold every run that ended
+        for p in procs:
+            if p.is_alive():
+                p.terminate()
+        for p in procs:
+            p.join(timeout=10)
+        meta["stopped"] = "complete" if len(results) == len(all_jobs) else stopped
+        write()
+    print(render(meta, results))
+
+
+def run_queue(args: argparse.Namespace, t_start: float, first: list[dict[str, Any]], rest: list[dict[str, Any]],
+              procs: list[Any], ctx: Any, todo: Any, done: Any, results: list[dict[str, Any]], write: Any) -> None:
+    """Feed the workers: the shipped variants to worker 0 alone (they fill the reference snapshot), then every
+    other job to all of them; collect each result as it ends, until every worker exits or the hard deadline."""
     for j in first:  # alone: fills the reference snapshot the others read back
         todo.put(j)
     live, started = 1, False
@@ -317,12 +344,6 @@ def main() -> None:
               + "".join(f"\n    {f['check']}: {f['reason']}" for f in msg.get("failed", []))
               + (f"\n    {msg['error']}" if msg.get("error") else ""), flush=True)
         write()
-    for p in procs:
-        if p.is_alive():
-            p.terminate()
-    meta["stopped"] = "deadline" if len(results) < len(all_jobs) else "complete"
-    write()
-    print(render(meta, results))
 
 
 if __name__ == "__main__":
