@@ -79,9 +79,10 @@ def _cpu() -> str:
 def same_figures(nll_a, nll_b, p_a, p_b) -> None:
     """Two float32 engines' per-position answers for the same model are the same figures: what their kernels'
     rounding allows, far below what a fault moves. vLLM's CPU kernels are chosen per machine (its builds for
-    AVX2, AVX-512, AVX-512-BF16; oneDNN's own dispatch) and per batch: on this repository's dev machine (AMD
-    EPYC) the true token's NLL differed by at most 5.3e-5 nats, on the CI machine of 2026-12-06 by up to 4.8e-3
-    (the 6 positions its log printed: 4e-5 to 5e-4) in one run and under 1e-3 in the next run of the same folder.
+    AVX2, AVX-512, AVX-512-BF16; oneDNN's own dispatch): on this repository's dev machine (AMD EPYC) the true
+    token's NLL differed by at most 5.3e-5 nats, on the CI machine of 2026-12-06 by up to 4.8e-3 (the 6 positions
+    its log printed: 4e-5 to 5e-4) in one server and under 1e-3 in the next server of the same folder (why the
+    two differ there was not traced; a 128-token chunked prefill moves nothing on the dev machine).
     One layer's down_proj × 1.5 (the damaged folder below; the dev machine's run) moves the median by 0.10 nats,
     the largest by 2.5, Δp by up to 0.37 and the mean KLD to 0.028: these limits fail it
     (test_a_served_reference_gives_the_in_process_reference_s_figures asserts that)."""
