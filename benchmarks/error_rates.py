@@ -297,7 +297,34 @@ def main() -> None:
     stopped = "deadline"
     try:
         procs[0].start()
-        run_queue(args, t_start, first, rest, procs, ctx, todo, done, results, write)
+        for j in first:  # alone: fills the reference snapshot the others read back
+            todo.put(j)
+        live, started = 1, False
+        while live:
+            if not started and sum(1 for r in results if r.get("variant") == "shipped") == len(first):
+                started = True
+                for j in rest:
+                    todo.put(j)
+                for w in range(1, args.workers):
+                    procs.append(ctx.Process(target=worker, args=(w, args, todo, done), daemon=True))
+                    procs[-1].start()
+                live += args.workers - 1
+                for _ in range(args.workers):
+                    todo.put(None)
+            try:
+                msg = done.get(timeout=5)
+            except queue.Empty:
+                if time.time() - t_start > args.hard_deadline or not any(p.is_alive() for p in procs):
+                    break
+                continue
+            if "worker_exit" in msg:
+                live -= 1
+                continue
+            results.append(msg)
+            print(f"[{time.time() - t_start:6.0f} s] {msg['name']}: {msg['decision']} ({msg['seconds']} s)"
+                  + "".join(f"\n    {f['check']}: {f['reason']}" for f in msg.get("failed", []))
+                  + (f"\n    {msg['error']}" if msg.get("error") else ""), flush=True)
+            write()
     except (KeyboardInterrupt, SystemExit):
         stopped = "interrupted"
         raise
@@ -310,40 +337,6 @@ def main() -> None:
         meta["stopped"] = "complete" if len(results) == len(all_jobs) else stopped
         write()
     print(render(meta, results))
-
-
-def run_queue(args: argparse.Namespace, t_start: float, first: list[dict[str, Any]], rest: list[dict[str, Any]],
-              procs: list[Any], ctx: Any, todo: Any, done: Any, results: list[dict[str, Any]], write: Any) -> None:
-    """Feed the workers: the shipped variants to worker 0 alone (they fill the reference snapshot), then every
-    other job to all of them; collect each result as it ends, until every worker exits or the hard deadline."""
-    for j in first:  # alone: fills the reference snapshot the others read back
-        todo.put(j)
-    live, started = 1, False
-    while live:
-        if not started and sum(1 for r in results if r.get("variant") == "shipped") == len(first):
-            started = True
-            for j in rest:
-                todo.put(j)
-            for w in range(1, args.workers):
-                procs.append(ctx.Process(target=worker, args=(w, args, todo, done), daemon=True))
-                procs[-1].start()
-            live += args.workers - 1
-            for _ in range(args.workers):
-                todo.put(None)
-        try:
-            msg = done.get(timeout=5)
-        except queue.Empty:
-            if time.time() - t_start > args.hard_deadline or not any(p.is_alive() for p in procs):
-                break
-            continue
-        if "worker_exit" in msg:
-            live -= 1
-            continue
-        results.append(msg)
-        print(f"[{time.time() - t_start:6.0f} s] {msg['name']}: {msg['decision']} ({msg['seconds']} s)"
-              + "".join(f"\n    {f['check']}: {f['reason']}" for f in msg.get("failed", []))
-              + (f"\n    {msg['error']}" if msg.get("error") else ""), flush=True)
-        write()
 
 
 if __name__ == "__main__":
