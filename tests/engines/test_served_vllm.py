@@ -29,6 +29,7 @@ import pytest
 import yaml
 
 from qval.config import load_config, parse_config
+from qval.models import NUMERIC_CPU_FLAGS, cpu_model
 from qval.pipeline import run_gate
 from tests.conftest import ROOT
 from tests.engines.served_faults import damaged_layer, window_after
@@ -69,11 +70,8 @@ def failed_gates(result) -> set[str]:
 
 
 def _cpu() -> str:
-    try:
-        line = next(x for x in Path("/proc/cpuinfo").read_text().splitlines() if x.startswith("model name"))
-        return line.split(":", 1)[1].strip()
-    except (OSError, StopIteration):
-        return "unknown CPU"
+    got = cpu_model()
+    return f"{got.get('cpu_model', 'an unnamed CPU')} ({got.get('cpu_flags') or 'none of ' + ' '.join(NUMERIC_CPU_FLAGS)})"
 
 
 def same_figures(nll_a, nll_b, p_a, p_b) -> None:
