@@ -415,7 +415,9 @@ def environment() -> dict[str, Any]:
     """Library versions and the device, for every report; of these, only the versions of stages.KEY_PACKAGES
     enter the stage keys (pipeline.Session.versions): a snapshot is reused across machines of one stack."""
     versions = installed_versions(("qval", "torch", "transformers", "nvidia-modelopt", "sacrebleu", "numpy", "gguf"))
-    device = {"cpu": platform.processor() or platform.machine(), **cpu_model(), "threads": torch.get_num_threads()}
+    device = {"cpu": platform.processor() or platform.machine(), **cpu_model(),
+              "cpu_capability": torch.backends.cpu.get_cpu_capability(),  # the ISA torch's own CPU kernels dispatch to
+              "threads": torch.get_num_threads()}
     if torch.cuda.is_available():
         device["cuda"] = torch.cuda.get_device_name(0)
         device["cuda_capability"] = ".".join(map(str, torch.cuda.get_device_capability(0)))

@@ -38,3 +38,4 @@ def test_the_environment_carries_this_machine_s():
     device = models.environment()["device"]
     assert device["cpu"] and device["cpu_model"] == models.cpu_model()["cpu_model"] != ""
     assert set(device["cpu_flags"].split()) <= set(models.NUMERIC_CPU_FLAGS)
+    assert device["cpu_capability"] in ("DEFAULT", "AVX2", "AVX512", "ZVECTOR", "VSX")  # torch's dispatch level
