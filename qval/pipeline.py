@@ -25,11 +25,12 @@ from .data import dataset_identity
 from .diagnostics.stage import run_diagnostics
 from .engines.base import BuildContext
 from .engines.builders import BUILDERS, engine_identity
+from .environment import environment
 from .errors import ConfigError
 from .gates import GATES, GateContext
 from .io import atomic_write_json, read_json
 from .memory import PhaseMemory, free_memory
-from .models import LoadedModel, environment
+from .models import LoadedModel
 from .progress import SILENT, Progress
 from .quantize import modelopt_adapter  # its functions looked up at call time (tests replace save_state)
 from .report import schema, write_reports

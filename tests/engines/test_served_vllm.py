@@ -29,7 +29,7 @@ import pytest
 import yaml
 
 from qval.config import load_config, parse_config
-from qval.models import NUMERIC_CPU_FLAGS, cpu_model
+from qval.environment import NUMERIC_CPU_FLAGS, cpu_model
 from qval.pipeline import run_gate
 from tests.conftest import ROOT
 from tests.engines.served_faults import damaged_layer, window_after

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from qval import models
+from qval import environment as env
 
 AMX_XEON = """processor\t: 0
 vendor_id\t: GenuineIntel
@@ -30,13 +30,13 @@ EPYC = "processor : 0\nmodel name : AMD EPYC 9B14\nflags : fpu avx2 avx512f avx5
     ("\x00\xff garbage without a colon\n", {}),
 ])
 def test_the_first_processor_s_model_and_features(text, want):
-    assert models.cpu_model(text) == want
+    assert env.cpu_model(text) == want
 
 
 @pytest.mark.skipif(not Path("/proc/cpuinfo").exists(), reason="no /proc/cpuinfo on this system")
 def test_the_environment_carries_this_machine_s():
-    device, here = models.environment()["device"], models.cpu_model()
+    device, here = env.environment()["device"], env.cpu_model()
     assert device["cpu"] and {k: device[k] for k in here} == here  # an Arm board has neither field: both absent
     assert "cpu_model" not in here or here["cpu_model"] != ""
-    assert set(device.get("cpu_flags", "").split()) <= set(models.NUMERIC_CPU_FLAGS)
+    assert set(device.get("cpu_flags", "").split()) <= set(env.NUMERIC_CPU_FLAGS)
     assert device["cpu_capability"] in ("DEFAULT", "AVX2", "AVX512", "ZVECTOR", "VSX")  # torch's dispatch level
