@@ -16,9 +16,11 @@ limit —, the runs' mean standard error and their interval lower ends), the lim
 
 which a candidate at the healthy level fails with probability 0.005 under the normal model the report states
 sizes by (qval.metrics.thresholds.absolute_rates), the size of the shipped limit under the same model, what L
-detects with power 0.8, and every planted-fault run's early lower end against it.
+detects with power 0.8, and every planted-fault run's early lower end against it. With `--bar TOP1`, the same rule
+over every run (healthy or faulty) whose gate-1 top-1 lies within 0.02 of TOP1: the limit for a file whose own
+healthy candidates cannot be measured, set so that a candidate just meeting gate 1's deployable bar passes.
 
-    python benchmarks/late_top1_healthy.py FILE.json [FILE.json …] [--backfill RUNS_DIR]
+    python benchmarks/late_top1_healthy.py FILE.json [FILE.json …] [--bar TOP1] [--backfill RUNS_DIR]
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ from qval.metrics.estimate import normal_ppf  # noqa: E402
 from qval.metrics.thresholds import absolute_rates  # noqa: E402
 
 Z95, Z975, Z995 = normal_ppf(0.95), normal_ppf(0.975), normal_ppf(0.995)
+BAR_WINDOW = 0.02  # --bar: runs whose gate-1 top-1 is this close to the bar stand for a candidate at it
 
 
 def backfill(path: Path, runs: Path) -> int:
@@ -79,6 +82,17 @@ def derive(rows: list[dict]) -> dict:
             "limit": math.floor((upper - (Z975 + Z995) * se) * 1000) / 1000}
 
 
+def at_gate1_bar(rows: list[dict], bar: float, window: float = BAR_WINDOW) -> dict:
+    """`derive` over the runs whose gate-1 top-1 lies within `window` of `bar` (any variant: healthy or faulty), and
+    their mean gate-1 top-1: the limit that a candidate just meeting gate 1's deployable bar fails with
+    probability 0.005, for a check file whose own healthy candidates cannot be measured (the 4-bit files on the
+    built-in model, whose candidates gate 1 rejects)."""
+    near = [r for r in rows if abs(r["checks"]["agreement/top1"]["value"] - bar) <= window]
+    if len(near) < 2:
+        raise SystemExit(f"{len(near)} run(s) with gate 1's top-1 within {window} of {bar}: too few to derive from")
+    return {**derive(near), "bar": bar, "gate1_top1": statistics.mean(r["checks"]["agreement/top1"]["value"] for r in near)}
+
+
 def rates(d: dict, limit: float):  # noqa: ANN201 - a StatedRates
     """`limit`'s size and detectable top-1 for a candidate at the healthy level `d` (the report's normal model)."""
     return absolute_rates("min", limit, "lo", d["upper"], d["upper"], d["upper"] - Z975 * d["se"], d["se"])
@@ -87,6 +101,8 @@ def rates(d: dict, limit: float):  # noqa: ANN201 - a StatedRates
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("files", nargs="+", type=Path)
+    ap.add_argument("--bar", type=float, metavar="TOP1", help="also derive the limit for a candidate at gate 1's top-1 bar "
+                    f"TOP1 (the 4-bit files' 0.80), from every run of the check file within {BAR_WINDOW} of it")
     ap.add_argument("--backfill", type=Path, metavar="RUNS_DIR", help="fill rows' missing `longgen` (or its per-prompt figures) from RUNS_DIR/<name>/report.json")
     a = ap.parse_args()
     if a.backfill:
@@ -97,6 +113,11 @@ def main() -> None:
         raise SystemExit("no row carries gate 3's `longgen` measurements: run with --backfill RUNS_DIR, or rerun error_rates.py")
     for check, rows in sorted(by_check.items()):
         healthy = [r for r in rows.values() if r["variant"] in ("shipped", "healthy")]
+        if a.bar is not None:
+            b = at_gate1_bar(list(rows.values()), a.bar)
+            print(f"{check} at gate 1's top-1 bar {a.bar}: {b['n']} runs within {BAR_WINDOW} (their gate-1 top-1 {b['gate1_top1']:.4f}), "
+                  f"early top-1 {b['mean']:.5f} ± {b['sd']:.5f}, upper bound {b['upper']:.5f}, se {b['se']:.5f}: limit {b['limit']}, "
+                  f"size {rates(b, b['limit']).size:.4f}, detects (power 0.8) a top-1 of {rates(b, b['limit']).detectable:.4f} or lower")
         if len(healthy) < 2:
             print(f"{check}: {len(healthy)} healthy run(s) with gate 3's measurements: too few")
             continue

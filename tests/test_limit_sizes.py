@@ -31,10 +31,9 @@ from qval.metrics.thresholds import absolute_rates, paired_reject_probability
 ROOT = Path(__file__).resolve().parent.parent
 DEFECT = 0.30
 #: (check file, check) -> why it is a defect; each must still measure ≥ DEFECT here
-LATE_TOP1 = ("min_late_top1 0.99 met by the lower end over 8 prompts: at se 0.0041 a candidate at the reference's "
-             "level fails 32 %; only a continuation that loops (se 0) meets it reliably. On the built-in model the loop "
-             "rule (qval/gates/longgen.loop_rule) now sets the check aside; on a reference that does not loop it stands")
-DEFECTS = {(f, "longgen/late_top1"): LATE_TOP1 for f in ("int4_awq", "w4a8_awq", "nvfp4")}
+#: none since 2026-12-06: the 4-bit files' `min_late_top1` 0.99 (size 0.32 at a candidate at the reference's level
+#: with se 0.0041, only a looping continuation met it) is re-derived at gate 1's bar (LATE_TOP1_AT_BAR)
+DEFECTS: dict[tuple[str, str], str] = {}
 #: check file -> the stored error-rate runs (benchmarks/results) its `min_late_top1` was derived from: its own
 #: healthy variants, or (int8_sq) its approving configuration's, benchmarks/checks/int8_sq_fallback.yaml (the same
 #: limits: tests/test_config.py); fp8_kvfp16's on the CPU, the others' on the H200 and an H100 (the H200's 21
@@ -49,6 +48,13 @@ LATE_TOP1_MEASURED = {
                 "h100_error_rates_int8_sq_fallback_perprompt_s11.json", "h100_error_rates_int8_sq_fallback_perprompt_s15.json",
                 "h100_error_rates_int8_sq_fallback_perprompt_s19.json"),
 }
+#: check file -> (gate 1's top-1 bar, the stored runs its `min_late_top1` was derived from): no healthy candidate of
+#: these formats approves on the built-in model, so the limit is the one a candidate just meeting gate 1's bar
+#: passes — derived from every stored fp8_kvfp16 run (planted faults) whose gate-1 top-1 lies within 0.02 of it
+#: (late_top1_healthy.at_gate1_bar; RESULTS.md §12, "Late top-1")
+LATE_TOP1_AT_BAR = {f: (0.80, ("cpu_error_rates_fp8_kvfp16_kv_scale_weight_bits.json",
+                               "h100_error_rates_fp8_kvfp16_layer_scale_05x20.json",
+                               "h100_error_rates_fp8_kvfp16_weight_bits_003_01x10.json")) for f in ("int4_awq", "w4a8_awq", "nvfp4")}
 #: per suite: (reference accuracy, the largest discordant rate an approving shipped candidate showed)
 TASKS = {"recall": (0.500, 5 / 40), "cloze": (0.325, 4 / 40), "choice": (0.525, 2 / 40)}
 RETRIEVAL_MISS = 1 / 20
@@ -72,6 +78,14 @@ def late_top1_healthy(name: str) -> dict:
     return script.derive([r for r in rows.values() if r["variant"] in ("shipped", "healthy")])
 
 
+def late_top1_at_bar(name: str) -> dict:
+    """The early top-1 of the stored runs at the check file's gate-1 bar and the limit derived from it."""
+    script = late_top1_script()
+    bar, files = LATE_TOP1_AT_BAR[name]
+    [rows] = script.rows_by_check([ROOT / "benchmarks/results" / f for f in files]).values()  # fp8_kvfp16's runs
+    return script.at_gate1_bar(list(rows.values()), bar)
+
+
 def shipped_sizes() -> dict[tuple[str, str], float]:
     out: dict[tuple[str, str], float] = {}
     for path in sorted((ROOT / "checks").glob("*.yaml")):
@@ -84,6 +98,8 @@ def shipped_sizes() -> dict[tuple[str, str], float]:
                 lim = float(g.longgen.min_late_top1)
                 if name in LATE_TOP1_MEASURED:
                     out[(name, "longgen/late_top1")] = late_top1_script().rates(late_top1_healthy(name), lim).size
+                elif name in LATE_TOP1_AT_BAR:
+                    out[(name, "longgen/late_top1")] = late_top1_script().rates(late_top1_at_bar(name), lim).size
                 else:
                     out[(name, "longgen/late_top1")] = absolute_rates("min", lim, "lo", 1.0, 1.0, 1.0 - 1.96 * LATE_TOP1_SE,
                                                                       LATE_TOP1_SE).size
@@ -126,9 +142,12 @@ def test_every_shipped_bound_limit_was_sized(sizes: dict[tuple[str, str], float]
 
 def test_sizes_that_hold_today(sizes: dict[tuple[str, str], float]) -> None:
     """The figures quoted in benchmarks/RESULTS.md ("The verdict's own error rates"), to three decimals."""
-    assert round(sizes[("int4_awq", "longgen/late_top1")], 2) == 0.32  # 0.99 at a perfect candidate's noise
     for name in ("fp8_kvfp16", "fp8_kvfp8", "int8_sq"):
         assert sizes[(name, "longgen/late_top1")] <= 0.005, name  # derived: at the measured healthy level
+    for name in ("int4_awq", "w4a8_awq", "nvfp4"):
+        assert round(sizes[(name, "longgen/late_top1")], 4) == 0.0041, name  # derived: at gate 1's bar
+    # the limit they replaced, 0.99, at a candidate at the reference's level with issue 29's noise: the defect
+    assert round(absolute_rates("min", 0.99, "lo", 1.0, 1.0, 1.0 - 1.96 * LATE_TOP1_SE, LATE_TOP1_SE).size, 2) == 0.32
     assert round(sizes[("fp8_kvfp16", "longgen/late_drift")], 3) == 0.014
     assert round(sizes[("fp8_kvfp16", "retrieval/drop@256")], 3) == 0.001  # margin 0.75 (was 0.6: 0.023)
     assert round(sizes[("fp8_kvfp16", "retrieval/drop")], 3) == 0.075
@@ -158,4 +177,18 @@ def test_a_derived_late_top1_limit_is_the_one_its_measurement_gives(name: str) -
     assert d["n"] >= 20, f"{name}: {d['n']} healthy runs"
     assert load_config(ROOT / "checks" / f"{name}.yaml").gates.longgen.min_late_top1 == d["limit"]
     assert min(d["lo"]) >= d["limit"]
+    assert late_top1_script().rates(d, d["limit"]).size <= 0.005
+
+
+@pytest.mark.parametrize("name", sorted(LATE_TOP1_AT_BAR))
+def test_a_late_top1_limit_at_gate1s_bar_is_the_one_its_runs_give(name: str) -> None:
+    """A 4-bit file's `min_late_top1` equals what late_top1_healthy.at_gate1_bar derives from the stored runs at its
+    gate-1 bar (which must be the file's own `min_top1`), from enough runs centred on the bar, and a candidate at
+    that level fails it at most 0.5 %."""
+    bar, _ = LATE_TOP1_AT_BAR[name]
+    d = late_top1_at_bar(name)
+    gates = load_config(ROOT / "checks" / f"{name}.yaml").gates
+    assert gates.agreement.min_top1 == bar
+    assert d["n"] >= 10 and abs(d["gate1_top1"] - bar) <= 0.005, (d["n"], d["gate1_top1"])
+    assert gates.longgen.min_late_top1 == d["limit"]
     assert late_top1_script().rates(d, d["limit"]).size <= 0.005
