@@ -115,9 +115,10 @@ def main() -> None:
         healthy = [r for r in rows.values() if r["variant"] in ("shipped", "healthy")]
         if a.bar is not None:
             b = at_gate1_bar(list(rows.values()), a.bar)
+            r = rates(b, b["limit"])
             print(f"{check} at gate 1's top-1 bar {a.bar}: {b['n']} runs within {BAR_WINDOW} (their gate-1 top-1 {b['gate1_top1']:.4f}), "
                   f"early top-1 {b['mean']:.5f} ± {b['sd']:.5f}, upper bound {b['upper']:.5f}, se {b['se']:.5f}: limit {b['limit']}, "
-                  f"size {rates(b, b['limit']).size:.4f}, detects (power 0.8) a top-1 of {rates(b, b['limit']).detectable:.4f} or lower")
+                  f"size {r.size:.4f}, detects (power 0.8) a top-1 of {r.detectable:.4f} or lower")
         if len(healthy) < 2:
             print(f"{check}: {len(healthy)} healthy run(s) with gate 3's measurements: too few")
             continue
