@@ -71,6 +71,7 @@ def late_top1_script():  # noqa: ANN201 - the module benchmarks/late_top1_health
     return module
 
 
+@functools.cache  # shipped_sizes and the derivation's own test read the same files
 def late_top1_healthy(name: str) -> dict:
     """The healthy early top-1 of a check file's stored runs and the limit derived from it (late_top1_healthy.derive)."""
     script = late_top1_script()
@@ -78,6 +79,7 @@ def late_top1_healthy(name: str) -> dict:
     return script.derive([r for r in rows.values() if r["variant"] in ("shipped", "healthy")])
 
 
+@functools.cache  # shipped_sizes and the derivation's own test read the same files
 def late_top1_at_bar(name: str) -> dict:
     """The early top-1 of the stored runs at the check file's gate-1 bar and the limit derived from it."""
     script = late_top1_script()
