@@ -21,23 +21,23 @@ over every run (healthy or faulty) whose gate-1 top-1 lies within 0.02 of TOP1: 
 healthy candidates cannot be measured, set so that a candidate just meeting gate 1's deployable bar passes.
 
     python benchmarks/late_top1_healthy.py FILE.json [FILE.json …] [--bar TOP1] [--backfill RUNS_DIR]
+    python benchmarks/late_top1_healthy.py --write    # the shipped limits' derivations, benchmarks/results/limit_derivations.json
+
+`--write` computes every `late_top1` entry of the derivations file again from the stored runs it names (its `rule`:
+healthy variants, or runs at gate 1's bar) and writes the figures; tests/test_limit_sizes.py holds each check
+file's `min_late_top1` to its entry's limit. The rule itself is benchmarks/lib/late_top1.py.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import math
 import statistics
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from qval.metrics.estimate import normal_ppf  # noqa: E402
-from qval.metrics.thresholds import absolute_rates  # noqa: E402
-
-Z95, Z975, Z995 = normal_ppf(0.95), normal_ppf(0.975), normal_ppf(0.995)
-BAR_WINDOW = 0.02  # --bar: runs whose gate-1 top-1 is this close to the bar stand for a candidate at it
+from benchmarks.lib.late_top1 import BAR_WINDOW, at_gate1_bar, derive, rates, rows_by_check, write  # noqa: E402
 
 
 def backfill(path: Path, runs: Path) -> int:
@@ -61,50 +61,19 @@ def backfill(path: Path, runs: Path) -> int:
     return filled
 
 
-def rows_by_check(files: list[Path]) -> dict[str, dict[str, dict]]:
-    """check file stem -> run name -> row, for every row that carries gate 3's measurements (first file wins)."""
-    by_check: dict[str, dict[str, dict]] = {}
-    for f in files:
-        for r in json.loads(f.read_text(encoding="utf-8"))["results"]:
-            if (r.get("longgen") or {}).get("early_top1"):
-                by_check.setdefault(Path(r["check"]).stem, {}).setdefault(r["name"], r)
-    return by_check
-
-
-def derive(rows: list[dict]) -> dict:
-    """The healthy early top-1 of `rows` (healthy variants, each once) and the limit derived from it."""
-    v = [r["longgen"]["early_top1"]["value"] for r in rows]
-    lo = [r["longgen"]["early_top1"]["lo"] for r in rows]
-    se = statistics.mean(r["longgen"]["early_top1"]["stderr"] for r in rows)
-    m, s, n = statistics.mean(v), statistics.stdev(v), len(v)
-    upper = m + Z95 * s / math.sqrt(n)
-    return {"n": n, "mean": m, "sd": s, "upper": upper, "se": se, "lo": lo,
-            "limit": math.floor((upper - (Z975 + Z995) * se) * 1000) / 1000}
-
-
-def at_gate1_bar(rows: list[dict], bar: float, window: float = BAR_WINDOW) -> dict:
-    """`derive` over the runs whose gate-1 top-1 lies within `window` of `bar` (any variant: healthy or faulty), and
-    their mean gate-1 top-1: the limit that a candidate just meeting gate 1's deployable bar fails with
-    probability 0.005, for a check file whose own healthy candidates cannot be measured (the 4-bit files on the
-    built-in model, whose candidates gate 1 rejects)."""
-    near = [r for r in rows if abs(r["checks"]["agreement/top1"]["value"] - bar) <= window]
-    if len(near) < 2:
-        raise SystemExit(f"{len(near)} run(s) with gate 1's top-1 within {window} of {bar}: too few to derive from")
-    return {**derive(near), "bar": bar, "gate1_top1": statistics.mean(r["checks"]["agreement/top1"]["value"] for r in near)}
-
-
-def rates(d: dict, limit: float):  # noqa: ANN201 - a StatedRates
-    """`limit`'s size and detectable top-1 for a candidate at the healthy level `d` (the report's normal model)."""
-    return absolute_rates("min", limit, "lo", d["upper"], d["upper"], d["upper"] - Z975 * d["se"], d["se"])
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("files", nargs="+", type=Path)
+    ap.add_argument("files", nargs="*", type=Path)
     ap.add_argument("--bar", type=float, metavar="TOP1", help="also derive the limit for a candidate at gate 1's top-1 bar "
                     f"TOP1 (the 4-bit files' 0.80), from every run of the check file within {BAR_WINDOW} of it")
     ap.add_argument("--backfill", type=Path, metavar="RUNS_DIR", help="fill rows' missing `longgen` (or its per-prompt figures) from RUNS_DIR/<name>/report.json")
+    ap.add_argument("--write", action="store_true", help="write the shipped limits' derivations (benchmarks/results/limit_derivations.json)")
     a = ap.parse_args()
+    if a.write:
+        print(f"wrote {write()}")
+        return
+    if not a.files:
+        ap.error("FILE.json … or --write")
     if a.backfill:
         for f in a.files:
             print(f"{f}: {backfill(f, a.backfill)} rows backfilled")

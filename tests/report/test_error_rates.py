@@ -10,96 +10,54 @@ from pathlib import Path
 
 import pytest
 
+from benchmarks.lib.measured_rates import healthy_runs, judge, judge_excess, measured_file, outcome_at, per_prompt
 from qval.calibration import expand_alphas
 from qval.config import load_config
-from qval.gate_metrics import MEDIAN_SPREAD
-from qval.report.error_rates import (BUILTIN_MODEL, MEASURED, configuration_differs, file_text, for_report, measured_key,
-                                     run_configuration, size_cell)
-from qval.verdict import row_of
+from qval.report.error_rates import (BUILTIN_MODEL, DATA, check_limits, configuration_differs, file_text, for_report,
+                                     measured, measured_key, run_configuration, size_cell)
 
 ROOT = Path(__file__).resolve().parents[2]
 RESULTS = ROOT / "benchmarks/results"
-
-
-def per_prompt(r: dict) -> list[dict]:
-    return (r.get("longgen") or {}).get("per_prompt") or []
-
-
-def measured_file(name: str) -> str:
-    """The check file whose rows measured `MEASURED[name]`: the shipped one, or its approving configuration."""
-    return MEASURED[name].get("measured_on", f"checks/{name}.yaml")
-
-
-def healthy_runs(name: str) -> list[dict]:
-    """Every healthy variant (the shipped selection and the sample seeds) stored for a check file, once each:
-    a run with per-prompt gate-3 figures over a run of the same variant without them (re-runs' figures equal,
-    on an H100 as on the H200 but for the judge-NLL statistic: RESULTS.md §12)."""
-    runs: dict[str, dict] = {}
-    check = measured_file(name)
-    for path in sorted(RESULTS.glob(f"h[12]00_error_rates_{Path(check).stem}_*.json")):
-        for r in json.loads(path.read_text(encoding="utf-8"))["results"]:
-            if r["check"] == check and r["variant"] in ("shipped", "healthy") and r["decision"] != "ERROR":
-                if r["name"] not in runs or (per_prompt(r) and not per_prompt(runs[r["name"]])):
-                    runs[r["name"]] = r
-    return list(runs.values())
-
-
-def judge_excess(r: dict) -> list[float]:
-    return [p["cand_late_judge_nll"] - p["ref_late_nll"] for p in per_prompt(r)]
-
-
-def outcome_at(c: dict, limit: float) -> str:
-    """A stored absolute check judged again at `limit`: its stored end (value, or the interval's bound) against it."""
-    if c["outcome"] == "uninformative":
-        return "uninformative"
-    end = c[c["on"]]
-    return "pass" if (end <= limit if c["op"] == "max" else end >= limit) else "fail"
-
-
-def outcome_of(c: dict, entry: dict, run: dict | None = None) -> str:
-    """A stored check judged at the table's limit: an absolute one at `limit`; a sized one re-centred on
-    `healthy` at that centre + `margin` (the stored limit less the centre in force when the run was judged, and
-    less √(π/2) × `margin` where the run judged the median), its figure the stored mean, or with
-    `"statistic": "median"` the median of the run's per-prompt figures against `healthy` + √(π/2) × `margin`
-    (`healthy` 0 where the entry has none: a sized check without a centre)."""
-    if "limit" in entry:
-        return outcome_at(c, entry["limit"])
-    if "margin" not in entry:  # judged as it ran
-        assert "healthy" not in entry and "statistic" not in entry, entry
-        return c["outcome"]
-    healthy = entry.get("healthy", 0.0)  # a sized check without a centre is centred on 0
-    if c.get("statistic") == "median":  # judged as the check judges now: the stored limit is the median's
-        assert c["limit"] == pytest.approx(c.get("healthy", 0.0) + MEDIAN_SPREAD * entry["margin"], abs=1e-12), run["name"]
-    else:
-        centre = c["limit"] - entry["margin"]  # the centre in force when the run was judged: 0 or 0.005
-        assert min(abs(centre), abs(centre - 0.005)) < 1e-12 and c.get("healthy", centre) == pytest.approx(centre), run["name"]
-    if entry.get("statistic", "mean") == "mean":
-        return outcome_at({**c, "on": "value"}, healthy + entry["margin"])
-    assert entry["statistic"] == "median" and per_prompt(run), f"{run['name']}: no per-prompt figures to take the median of"
-    limit = healthy + MEDIAN_SPREAD * entry["margin"]
-    outcome = "pass" if statistics.median(judge_excess(run)) <= limit else "fail"
-    if c.get("statistic") == "median" and c.get("healthy") == entry.get("healthy"):  # judged at this limit when it ran
-        assert outcome == c["outcome"], run["name"]
-    return outcome
+MEASURED = measured()
 
 
 def test_the_table_is_the_stored_measurement() -> None:
+    """Every count in the data file is what its stored runs give at the check file's current limits (moving a
+    limit without `python benchmarks/measured_rates.py --write` fails here)."""
     assert set(MEASURED) >= {"fp8_kvfp16", "fp8_kvfp8", "int8_sq"}
     for name, m in MEASURED.items():
-        runs = healthy_runs(name)
+        runs = healthy_runs(m)
         assert m["variants"] == len(runs) >= 20, name
         assert set(m["checks"]) == set(runs[0]["checks"]), name
-        rejected = 0
-        for r in runs:
-            outcomes = {key: outcome_of(r["checks"][key], e, r) for key, e in m["checks"].items()}
-            rejected += "fail" in outcomes.values()
-        assert m["rejected"] == rejected, name
-        for key, entry in m["checks"].items():
-            judged = [outcome_of(r["checks"][key], entry, r) for r in runs]
-            assert entry["failed"] == judged.count("fail"), (name, key)
-            assert entry.get("uninformative", 0) == judged.count("uninformative"), (name, key)
+        held = {"variants": m["variants"], "rejected": m["rejected"],
+                "checks": {k: {f: v for f, v in c.items() if f in ("failed", "uninformative")} for k, c in m["checks"].items()}}
+        assert judge(m) == held, name
+        limits = check_limits(load_config(ROOT / m["check"]), list(m["checks"]))
+        for key, limit in limits.items():
             c = runs[0]["checks"][key]
-            assert ("limit" in entry) if c["source"] == "absolute" else entry.get("alpha") == 0.005, (name, key)
+            assert ("limit" in limit) if c["source"] == "absolute" else limit["alpha"] == 0.005, (name, key)
+
+
+def test_a_moved_limit_changes_the_judged_counts(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The comparison above can fail: the stored runs judged at a limit no healthy variant meets reject them all."""
+    import benchmarks.lib.measured_rates as mr
+
+    real = mr.check_limits
+    monkeypatch.setattr(mr, "check_limits", lambda cfg, keys: {**real(cfg, keys), "agreement/top1": {"limit": 0.99}})
+    counts = judge(MEASURED["fp8_kvfp16"])
+    assert counts["rejected"] == counts["variants"] == MEASURED["fp8_kvfp16"]["variants"]
+    assert counts["checks"]["agreement/top1"]["failed"] == counts["variants"]
+
+
+def test_the_data_file_holds_no_limit() -> None:
+    """The limits live in the check files alone: the data file names its check file and counts, never a limit."""
+    for name, m in MEASURED.items():
+        for key, c in m["checks"].items():
+            assert set(c) <= {"failed", "uninformative", "statistic", "margin"}, (name, key)
+    def keys(x) -> set:
+        return set(x) | set().union(*map(keys, x.values())) if isinstance(x, dict) else set()
+
+    assert not keys(json.loads(DATA.read_text(encoding="utf-8"))) & {"limit", "alpha", "healthy", "margin_overall"}
 
 
 def test_rejudging_a_stored_check_moves_with_the_limit() -> None:
@@ -107,32 +65,12 @@ def test_rejudging_a_stored_check_moves_with_the_limit() -> None:
     assert (outcome_at(c, 0.6), outcome_at(c, 0.5), outcome_at({**c, "outcome": "uninformative"}, 0.5)) == ("pass", "fail", "uninformative")
 
 
-def shipped_limit(cfg, key: str):
-    """A check's limit as a check file sets it (a number, or a sized limit's settings)."""
-    gate, metric = key.split("/")
-    row = row_of(gate, metric)
-    assert row is not None, key
-    section = getattr(cfg.gates, gate)
-    if gate == "retrieval":
-        return section.margin if "@" in metric else section.margin_overall
-    if gate == "tasks":
-        return next(s.margin for s in section.suites if s.label == metric.split("@")[1])
-    return getattr(section, row.field)
-
-
 @pytest.mark.parametrize("name", sorted(MEASURED))
-def test_the_shipped_check_file_has_the_measured_limits(name: str) -> None:
-    """A limit moved in a shipped check file without updating its measured rates would silently drop
-    them from every report: this fails first."""
-    cfg = load_config(ROOT / f"checks/{name}.yaml")
-    if "measured_on" in MEASURED[name]:  # measured on the shipped file's approving configuration: the same limits
+def test_the_measured_check_file_has_the_shipped_limits(name: str) -> None:
+    """An entry measured on the shipped file's approving configuration (`measured_on`) ran the shipped file's limits."""
+    cfg = load_config(ROOT / MEASURED[name]["check"])
+    if "measured_on" in MEASURED[name]:
         assert load_config(ROOT / MEASURED[name]["measured_on"]).gates == cfg.gates, name
-    for key, entry in MEASURED[name]["checks"].items():
-        limit = shipped_limit(cfg, key)
-        if "alpha" in entry:
-            assert limit.sized and limit.alpha == entry["alpha"] and limit.healthy == entry.get("healthy"), key
-        else:
-            assert limit == entry["limit"], key
 
 
 #: the reference as a report describes the built-in model computed in float32 (what the measurements ran)
@@ -142,11 +80,10 @@ BUILTIN_F32 = {"fingerprint": BUILTIN_MODEL, "compute_dtype": "float32"}
 def shipped_checks(cfg, name: str) -> list[dict]:
     """The verdict's checks of a run of `cfg`, at the shipped file's limits, for `MEASURED[name]`'s keys."""
     checks = []
-    for key in MEASURED[name]["checks"]:
+    for key, limit in check_limits(cfg, list(MEASURED[name]["checks"])).items():
         gate, metric = key.split("/")
-        limit = shipped_limit(cfg, key)
-        checks.append({"gate": gate, "metric": metric, "source": "sized", "size": limit.alpha, "healthy": limit.healthy}
-                      if getattr(limit, "sized", False) else {"gate": gate, "metric": metric, "limit": limit, "source": "absolute"})
+        checks.append({"gate": gate, "metric": metric, "source": "sized", "size": limit["alpha"], "healthy": limit["healthy"]}
+                      if "alpha" in limit else {"gate": gate, "metric": metric, "limit": limit["limit"], "source": "absolute"})
     return checks
 
 
@@ -159,10 +96,9 @@ def test_the_builtin_models_fingerprint_is_the_installed_files() -> None:
 def test_the_measured_configuration_is_the_one_the_rows_ran(name: str) -> None:
     """A `MEASURED` entry's configuration is its rows' check file as they ran it (the built-in model in float32,
     every stored file's dtype): a run of that file matches it whatever its calibration sample."""
-    metas = [json.loads(p.read_text(encoding="utf-8"))["meta"]
-             for p in sorted(RESULTS.glob(f"h[12]00_error_rates_{Path(measured_file(name)).stem}_*.json"))]
+    metas = [json.loads(p.read_text(encoding="utf-8"))["meta"] for p in sorted(ROOT.glob(MEASURED[name]["raw"]))]
     assert metas and {m["dtype"] for m in metas} == {MEASURED[name]["configuration"]["compute_dtype"]}, name
-    cfg = load_config(ROOT / measured_file(name))
+    cfg = load_config(ROOT / measured_file(MEASURED[name]))
     assert configuration_differs(MEASURED[name]["configuration"], run_configuration(cfg, BUILTIN_F32)) == [], name
     seeded = cfg.model_copy(update={"calibration": cfg.calibration.model_copy(update={"sample_seed": 7})})
     assert configuration_differs(MEASURED[name]["configuration"], run_configuration(seeded, BUILTIN_F32)) == [], name
@@ -262,12 +198,8 @@ def test_stored_per_prompt_figures_are_what_gate_3_judged() -> None:
 def test_a_stored_row_names_the_statistic_its_gate_metrics_row_takes() -> None:
     """benchmarks/error_rates.py marks a row's figure "median" exactly where its gate_metrics row is sized as a median
     (gate 3's judge-NLL excess), and gate 3's cache key names the same statistic: one source for both."""
-    import importlib.util
-
+    from benchmarks import error_rates as script
     from qval.gates.longgen import JUDGE_STATISTIC, inputs
-    spec = importlib.util.spec_from_file_location("error_rates_script", ROOT / "benchmarks/error_rates.py")
-    script = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(script)
     check = {"value": 0.01, "lo": 0.0, "hi": 0.02, "op": "max", "limit": 0.03, "on": "value", "source": "sized", "outcome": "pass"}
     report = {"verdict": {"decision": "APPROVE", "checks": [{**check, "gate": "longgen", "metric": m, "healthy": 0.002}
                                                             for m in ("judge_nll_excess", "seq_rep4_excess")]}}
