@@ -206,6 +206,7 @@ def test_benchmark_checks_are_their_shipped_check_but_for_what_they_say():
 #: GPU preset -> (the check file whose limits it says it keeps, the gates' limits it sets on purpose otherwise)
 PRESETS = {"gpu/fp8_kvfp16": ("fp8_kvfp16", set()),
            "gpu/served_vllm_fp8": ("fp8_kvfp8", set()),
+           "gpu/served_vllm_fp8_kvfp16": ("fp8_kvfp16", set()),
            # 8k context: its own depth and retrieval design (20 trials a length), and a late-KLD limit of its own
            "gpu/fp8_kvfp8_long": ("fp8_kvfp8", {"depth", "retrieval", "longgen.max_late_kld"})}
 

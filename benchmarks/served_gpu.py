@@ -1,0 +1,410 @@
+"""vLLM on a GPU, gated: the shipped served checks, qval's in-process simulation of the same candidates, and what
+decides whether the one predicts the other (issue 50). Runs on the lent GPU machine through
+`benchmarks/served_gpu_device.sh`, in phases, each a set of jobs run side by side under a deadline:
+
+    sim      the candidates of checks/gpu/served_vllm_fp8{,_kvfp16}.yaml gated in qval's process (fakequant and
+             realquant: the same file, the engine swapped), and the reference written as a bfloat16 folder
+    served   the two shipped served checks as a user runs them (qval calibrates, exports, starts vLLM, gates, stops it)
+    extras   the export's K/V scales x1000 served (does vLLM apply them?); the FP8-KV check again on a fresh server;
+             one server scored twice, plain and in vLLM's batch-invariant mode; a served bfloat16 reference
+    speed8b  an 8B-shaped FP8 candidate with random weights (--load-format dummy) against an 8B-shaped bfloat16 reference
+             served the same way: the server's own prefill / decode / scoring rates, a bf16 matmul's rate as the
+             hardware limit, and the whole served check's seconds per stage
+
+    python3 benchmarks/served_gpu.py run PHASE --work /tmp/sg [--deadline S]   # jobs of PHASE; status in WORK/status.json
+    python3 benchmarks/served_gpu.py table --work /tmp/sg --out FILE.json       # the side-by-side table of every report
+
+Each job writes its log and, for a gate, its run folder under WORK; `table` reads the report.json files only.
+Every figure it prints comes from those files; nothing is typed in.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path[:0] = [str(ROOT)]
+
+KV8 = ROOT / "checks/gpu/served_vllm_fp8.yaml"
+KV16 = ROOT / "checks/gpu/served_vllm_fp8_kvfp16.yaml"
+#: a server beside qval's reference on one GPU: a sized KV cache, not a fraction of the card (vLLM checks the
+#: fraction against the free memory at start, so several servers start side by side)
+MEMORY = ["--gpu-memory-utilization", "0.2", "--kv-cache-memory-bytes", "4000000000"]
+QVAL = [sys.executable, str(ROOT / "benchmarks/lib/nojit.py"), "-m", "qval"]
+
+
+def load(path: Path) -> dict[str, Any]:
+    return yaml.safe_load(path.read_text(encoding="utf-8"))
+
+
+def with_memory(cfg: dict[str, Any]) -> dict[str, Any]:
+    launch = cfg["engine"]["options"].get("launch")
+    if launch is not None and "--kv-cache-memory-bytes" not in launch.get("args", []):
+        launch["args"] = [*launch.get("args", []), *MEMORY]
+    return cfg
+
+
+def variant(base: Path, name: str, **change: Any) -> dict[str, Any]:
+    cfg = with_memory(copy.deepcopy(load(base)))
+    cfg["name"] = name
+    for key, value in change.items():
+        if key == "gates_only":
+            cfg["gates"] = {g: cfg["gates"][g] for g in value}
+        else:
+            cfg[key] = value
+    return cfg
+
+
+def in_process(base: Path, name: str, backend: str) -> dict[str, Any]:
+    return variant(base, name, engine={"backend": backend})
+
+
+def find_export(work: Path, run: str) -> Path:
+    hits = sorted(p.parent for p in (work / "runs" / run).rglob("hf_quant_config.json"))
+    if not hits:
+        raise SystemExit(f"no export under {work / 'runs' / run}: run the served phase first")
+    return hits[-1]
+
+
+def scaled_export(export: Path, dest: Path, factor: float) -> Path:
+    """The export with every K/V scale multiplied by `factor` (vLLM reads them as `…k_proj.k_scale`)."""
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    if dest.exists():
+        shutil.rmtree(dest)
+    shutil.copytree(export, dest)
+    n = 0
+    for shard in sorted(dest.glob("*.safetensors")):
+        tensors = load_file(str(shard))
+        for k in tensors:
+            if k.endswith((".k_scale", ".v_scale")):
+                tensors[k] = (tensors[k].float() * factor).to(tensors[k].dtype)
+                n += 1
+        save_file(tensors, str(shard), metadata={"format": "pt"})
+    if n == 0:
+        raise SystemExit(f"{export}: no k_scale/v_scale tensors")
+    (dest / "qval-scaled.json").write_text(json.dumps({"factor": factor, "tensors": n}))
+    return dest
+
+
+def reference_folder(work: Path) -> Path:
+    from qval.config import ModelConfig
+    from qval.engines.served_setup import reference_folder as write
+    from qval.models import load_model
+
+    loaded = load_model(ModelConfig(dtype="bfloat16", device="cuda"))
+    return write(loaded, work / "ref_bf16")
+
+
+class Server:
+    """A vLLM server the driver owns (qval's own launcher: supervisor, log, always stopped)."""
+
+    def __init__(self, folder: Path, work: Path, tag: str, args: list[str], env: dict[str, str] | None = None,
+                 kv: str = "fp8", quantization: str | None = "modelopt", top_k: int = 128, dtype: str = "bfloat16") -> None:
+        from qval.engines.registry import LaunchOptions
+        from qval.engines.server import LaunchedServer, free_port, vllm_command
+
+        launch = LaunchOptions(model=str(folder), dtype=dtype, kv_cache_dtype=kv, quantization=quantization,
+                               args=[*args, *MEMORY] if "--kv-cache-memory-bytes" not in args else args, env=env or {})
+        port = free_port()
+        self.command = vllm_command(launch, os.environ["QVAL_VLLM_PYTHON"], folder, tag, port, top_k)
+        self.server = LaunchedServer(self.command, {**os.environ, **(env or {})}, port, work / "logs" / f"server_{tag}.log", 900)
+        self.tag = tag
+
+    def __enter__(self) -> "Server":
+        self.server.start(print)
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.server.stop()
+
+
+def url_config(base: Path, name: str, url: str, tag: str, gates: list[str] | None = None, **change: Any) -> dict[str, Any]:
+    cfg = variant(base, name, **({"gates_only": gates} if gates else {}), **change)
+    cfg["engine"] = {"backend": "served", "options": {"url": url, "model": tag, "top_k": cfg["engine"]["options"]["top_k"]}}
+    return cfg
+
+
+class Phase:
+    def __init__(self, work: Path, deadline: float) -> None:
+        self.work = work
+        self.end = time.time() + deadline
+        self.status_path = work / "status.json"
+        try:
+            self.status = json.loads(self.status_path.read_text())
+        except (OSError, ValueError):
+            self.status = {}
+        (work / "configs").mkdir(parents=True, exist_ok=True)
+        (work / "logs").mkdir(parents=True, exist_ok=True)
+
+    def note(self, name: str, **facts: Any) -> None:
+        self.status.setdefault(name, {}).update(facts)
+        tmp = self.status_path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(self.status, indent=1))
+        tmp.replace(self.status_path)
+
+    def gate(self, cfg: dict[str, Any], extra_env: dict[str, str] | None = None) -> subprocess.Popen | None:
+        """Start `qval gate` on `cfg` in the background; None if the deadline leaves no time."""
+        name = cfg["name"]
+        if time.time() > self.end - 30:
+            self.note(name, state="skipped: deadline")
+            return None
+        path = self.work / "configs" / f"{name}.yaml"
+        path.write_text(yaml.safe_dump(cfg, sort_keys=False))
+        log = open(self.work / "logs" / f"{name}.log", "wb")
+        cmd = [*QVAL, "gate", "--config", str(path), "--out", str(self.work / "runs")]
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT, env={**os.environ, **(extra_env or {})},
+                                start_new_session=True)
+        proc.qval_name, proc.qval_t0 = name, time.time()  # type: ignore[attr-defined]
+        self.note(name, state="running", started=time.strftime("%H:%M:%S"), command=cmd)
+        return proc
+
+    def wait(self, procs: list[subprocess.Popen | None]) -> None:
+        for proc in [p for p in procs if p is not None]:
+            left = max(1.0, self.end - time.time())
+            try:
+                code = proc.wait(timeout=left)
+                state = {0: "approve", 1: "reject"}.get(code, f"error (exit {code})")
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGTERM)
+                try:
+                    proc.wait(timeout=60)
+                except subprocess.TimeoutExpired:
+                    os.killpg(proc.pid, signal.SIGKILL)
+                state = "killed: deadline"
+            self.note(proc.qval_name, state=state, seconds=round(time.time() - proc.qval_t0, 1))  # type: ignore[attr-defined]
+
+
+def phase_sim(ph: Phase) -> None:
+    jobs = [in_process(KV8, "sim_fakequant_kvfp8", "fakequant"), in_process(KV16, "sim_fakequant_kvfp16", "fakequant"),
+            in_process(KV16, "sim_realquant_kvfp16", "realquant"), in_process(KV8, "sim_realquant_kvfp8", "realquant")]
+    procs = [ph.gate(cfg) for cfg in jobs]
+    t0 = time.time()
+    try:
+        folder = reference_folder(ph.work)
+        ph.note("ref_bf16", state="written", folder=str(folder), seconds=round(time.time() - t0, 1))
+    except Exception as err:  # noqa: BLE001 - recorded, the gates go on
+        ph.note("ref_bf16", state=f"error: {err}")
+    ph.wait(procs)
+
+
+def phase_served(ph: Phase) -> None:
+    ph.wait([ph.gate(variant(KV8, "served_vllm_fp8")), ph.gate(variant(KV16, "served_vllm_fp8_kvfp16"))])
+
+
+def phase_extras(ph: Phase) -> None:
+    work = ph.work
+    export = find_export(work, "served_vllm_fp8")
+    x1000 = scaled_export(export, work / "export_kv_x1000", 1000.0)
+    # the independent computation of the FP8 attention path (its own process, beside the servers)
+    emul_log = open(work / "logs" / "fa3_fp8_emulation.log", "wb")
+    emul = subprocess.Popen([sys.executable, str(ROOT / "benchmarks/fa3_fp8_emulation.py"), "--export", str(export),
+                             "--out", str(work / "fa3_fp8_emulation.json")], stdout=emul_log, stderr=subprocess.STDOUT,
+                            cwd=ROOT, start_new_session=True)
+    emul.qval_name, emul.qval_t0 = "fa3_fp8_emulation", time.time()  # type: ignore[attr-defined]
+    ph.note("fa3_fp8_emulation", state="running")
+    # (1) vLLM applies the export's K/V scales: the same export with scales x1000, gate 1 only; (2) a fresh server
+    procs = [ph.gate(variant(KV8, "served_kv_x1000", gates_only=["agreement"],
+                             engine={"backend": "served", "options": {"top_k": 128, "launch": {
+                                 "model": str(x1000), "dtype": "bfloat16", "kv_cache_dtype": "fp8", "quantization": "modelopt",
+                                 "args": MEMORY}}})),
+             ph.gate(variant(KV8, "served_vllm_fp8_fresh2"))]
+    # (3) one server, scored twice (gates 1 and depth), plain and batch-invariant
+    for tag, env in (("same", {}), ("batchinv", {"VLLM_BATCH_INVARIANT": "1"})):
+        if time.time() > ph.end - 120:
+            ph.note(f"{tag}_server", state="skipped: deadline")
+            continue
+        t0 = time.time()
+        try:
+            with Server(export, work, tag, [], env=env) as s:
+                ph.note(f"{tag}_server", state="up", startup_s=round(s.server.startup_seconds or 0, 1), command=s.command, env=env)
+                for r in (1, 2):
+                    ph.wait([ph.gate(url_config(KV8, f"served_{tag}_run{r}", s.server.url, tag, ["agreement", "depth"]))])
+        except Exception as err:  # noqa: BLE001
+            ph.note(f"{tag}_server", state=f"error: {err}"[:2000])
+        ph.note(f"{tag}_server", seconds=round(time.time() - t0, 1))
+    # (4) a served bfloat16 reference against the served FP8 export (both sides served)
+    ref = work / "ref_bf16"
+    ref = next((p for p in ref.iterdir() if (p / "config.json").is_file()), None) if ref.is_dir() else None
+    if ref is not None:
+        cfg = variant(KV8, "served_ref_bf16_vs_fp8", gates_only=["agreement", "quality", "longgen", "depth", "retrieval", "tasks"])
+        cfg["model"] = {"source": "served", "tokenizer": str(ref), "served": {"top_k": 128, "launch": {
+            "model": str(ref), "dtype": "bfloat16", "args": MEMORY}}}
+        cfg["quant"] = {"format": "none", "kv_cache": "fp8"}
+        cfg["engine"] = {"backend": "served", "options": {"top_k": 128, "launch": {
+            "model": str(export), "dtype": "bfloat16", "kv_cache_dtype": "fp8", "quantization": "modelopt", "args": MEMORY}}}
+        cfg.pop("calibration", None)
+        procs.append(ph.gate(cfg))
+    ph.wait([*procs, emul])
+
+
+def phase_speed8b(ph: Phase) -> None:
+    from benchmarks.lib.shapes import SHAPES
+    from transformers import LlamaConfig
+
+    from qval.config import ModelConfig
+    from qval.models import load_tokenizer
+
+    work = ph.work
+    folder = work / "l8b"
+    tok = load_tokenizer(ModelConfig())
+    shape = {**SHAPES["8b"], "vocab_size": len(tok)}  # the built-in tokenizer's vocabulary: every id it emits is valid
+    LlamaConfig(**shape, bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id, torch_dtype="bfloat16").save_pretrained(folder)
+    tok.save_pretrained(folder)
+    facts: dict[str, Any] = {"shape": shape, "peak": bf16_matmul_rate()}
+    ph.note("speed8b", **facts)
+    dummy = ["--load-format", "dummy", "--max-model-len", "4096"]
+    with Server(folder, work, "ref8b", dummy, kv="auto", quantization=None) as ref, \
+         Server(folder, work, "cand8b", dummy, kv="fp8", quantization="fp8") as cand:
+        ph.note("speed8b", ref_startup_s=round(ref.server.startup_seconds or 0, 1), cand_startup_s=round(cand.server.startup_seconds or 0, 1),
+                ref_command=ref.command, cand_command=cand.command)
+        rates = {tag: server_rates(s.server.url, tag, len(tok)) for tag, s in (("cand8b", cand), ("ref8b", ref))}
+        ph.note("speed8b", rates=rates)
+        cfg = url_config(KV8, "speed8b_served", cand.server.url, "cand8b")
+        cfg["model"] = {"source": "served", "tokenizer": str(folder), "served": {"url": ref.server.url, "model": "ref8b", "top_k": 128}}
+        cfg["quant"] = {"format": "none", "kv_cache": "fp8"}
+        cfg.pop("calibration", None)
+        t0 = time.time()
+        ph.wait([ph.gate(cfg)])
+        ph.note("speed8b", gate_wall_s=round(time.time() - t0, 1))
+
+
+def bf16_matmul_rate() -> dict[str, float]:
+    """The hardware limit a prefill is compared with: a bf16 8192^3 matmul's FLOP/s on this GPU, median of 10."""
+    import torch
+
+    a = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
+    for _ in range(3):
+        a @ b
+    times = []
+    for _ in range(10):
+        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        s.record(); a @ b; e.record(); torch.cuda.synchronize()
+        times.append(s.elapsed_time(e) / 1e3)
+    t = sorted(times)[5]
+    del a, b
+    torch.cuda.empty_cache()
+    return {"bf16_tflops": 2 * 8192 ** 3 / t / 1e12, "device": torch.cuda.get_device_name()}
+
+
+def server_rates(url: str, model: str, vocab: int, n: int = 64, length: int = 1024) -> dict[str, Any]:
+    """The server's own rates: prefill without log-probabilities (max_tokens 1), scoring with top-K prompt
+    log-probabilities (K 20 and 128), and greedy decode (32 x 256 new tokens)."""
+    import concurrent.futures as cf
+    import urllib.request
+
+    def post(body: dict[str, Any]) -> dict[str, Any]:
+        req = urllib.request.Request(f"{url}/v1/completions", json.dumps(body).encode(), {"Content-Type": "application/json"})
+        with urllib.request.urlopen(req, timeout=600) as r:
+            return json.loads(r.read())
+
+    def prompts(seed: int) -> list[list[int]]:
+        import random
+        rng = random.Random(seed)
+        return [[rng.randrange(100, vocab) for _ in range(length)] for _ in range(n)]
+
+    def timed(bodies: list[dict[str, Any]], workers: int = 16) -> float:
+        t0 = time.perf_counter()
+        with cf.ThreadPoolExecutor(workers) as ex:
+            list(ex.map(post, bodies))
+        return time.perf_counter() - t0
+
+    base = {"model": model, "temperature": 0.0}
+    timed([{**base, "prompt": p, "max_tokens": 1} for p in prompts(0)[:8]])  # warm-up
+    out: dict[str, Any] = {"requests": n, "prompt_tokens": length}
+    dt = timed([{**base, "prompt": p, "max_tokens": 1} for p in prompts(1)])
+    out["prefill_tok_s"] = n * length / dt
+    for k in (20, 128):
+        dt = timed([{**base, "prompt": p, "max_tokens": 1, "prompt_logprobs": k} for p in prompts(2 + k)])
+        out[f"scoring_top{k}_tok_s"] = n * length / dt
+    dt = timed([{**base, "prompt": p[:128], "max_tokens": 256, "ignore_eos": True} for p in prompts(9)[:32]], workers=32)
+    out["decode_tok_s"] = 32 * 256 / dt
+    return out
+
+
+PHASES = {"sim": phase_sim, "served": phase_served, "extras": phase_extras, "speed8b": phase_speed8b}
+
+
+# ---------------------------------------------------------------------------------------------- the table
+def figures(report: dict[str, Any]) -> dict[str, Any]:
+    """One report.json's verdict and every check's figure (`gate/metric`: value, its interval, outcome), its stage
+    seconds and the engine it describes."""
+    verdict = report.get("verdict") or {}
+    checks = {f"{c['gate']}/{c['metric']}": {k: c.get(k) for k in ("value", "lo", "hi", "limit", "outcome")}
+              for c in verdict.get("checks", [])}
+    return {"decision": verdict.get("decision"), "checks": checks,
+            "stages": {k: v.get("seconds") for k, v in (report.get("stages") or {}).items() if isinstance(v, dict)},
+            "seconds": report.get("seconds"), "engine": (report.get("candidate") or {}).get("engine"),
+            "reference": report.get("model"), "device": (report.get("environment") or {}).get("device"),
+            "versions": (report.get("environment") or {}).get("versions")}
+
+
+#: engine run -> the in-process runs of the same candidate it is set beside
+PAIRS = {"served_vllm_fp8": ("sim_fakequant_kvfp8", "sim_realquant_kvfp8"),
+         "served_vllm_fp8_kvfp16": ("sim_fakequant_kvfp16", "sim_realquant_kvfp16")}
+
+
+def table(work: Path, out: Path) -> None:
+    rows = {}
+    for rep in sorted((work / "runs").glob("*/report.json")):
+        rows[rep.parent.name] = figures(json.loads(rep.read_text()))
+    ratios: dict[str, Any] = {}
+    for engine, sims in PAIRS.items():
+        for sim in sims:
+            if engine in rows and sim in rows:
+                a, b = rows[engine]["checks"], rows[sim]["checks"]
+                ratios[f"{engine} / {sim}"] = {k: a[k]["value"] / b[k]["value"] for k in a
+                                               if "kld" in k and k in b and a[k]["value"] is not None and b[k]["value"]}
+    status = json.loads((work / "status.json").read_text()) if (work / "status.json").is_file() else {}
+    out.write_text(json.dumps({"runs": rows, "kld_ratios": ratios, "status": status}, indent=1, default=str))
+    print(f"{len(rows)} reports -> {out}")
+    for name, row in rows.items():
+        print(f"{name}: {row['decision']}, " + ", ".join(f"{k} {v['value']:.4g}" for k, v in row["checks"].items()
+                                                        if k.startswith("agreement/") and isinstance(v["value"], (int, float))))
+    for pair, r in ratios.items():
+        print(pair, {k: round(v, 3) for k, v in r.items()})
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    r = sub.add_parser("run")
+    r.add_argument("phase", choices=sorted(PHASES))
+    r.add_argument("--work", type=Path, default=Path("/tmp/sg"))
+    r.add_argument("--deadline", type=float, default=540.0, help="seconds from now by which every job has ended")
+    t = sub.add_parser("table")
+    t.add_argument("--work", type=Path, default=Path("/tmp/sg"))
+    t.add_argument("--out", type=Path, required=True)
+    args = ap.parse_args(argv)
+    if args.cmd == "table":
+        table(args.work, args.out)
+        return 0
+    args.work.mkdir(parents=True, exist_ok=True)
+    ph = Phase(args.work, args.deadline)
+    t0 = time.time()
+    ph.note(f"phase_{args.phase}", state="running", started=time.strftime("%H:%M:%S"))
+    try:
+        PHASES[args.phase](ph)
+        ph.note(f"phase_{args.phase}", state="done", seconds=round(time.time() - t0, 1))
+    except BaseException as err:
+        ph.note(f"phase_{args.phase}", state=f"error: {type(err).__name__}: {err}"[:2000], seconds=round(time.time() - t0, 1))
+        raise
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
