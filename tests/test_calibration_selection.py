@@ -77,9 +77,9 @@ def test_the_seed_is_validated() -> None:
         parse_config({**base, "calibration": {"sample_seed": "x"}}, "c.yaml")
 
 
-def test_the_shipped_default_selection_is_unchanged(default_model) -> None:
+def test_the_shipped_default_selection_is_unchanged(default_tokenizer) -> None:
     """The main command's calibration samples, token for token, as before sample_seed existed."""
     cfg = load_config(ROOT / "checks/fp8_kvfp16.yaml")
-    samples, info = calibration_samples(cfg, default_model.tokenizer)
+    samples, info = calibration_samples(cfg, default_tokenizer)
     assert info["samples_used"] == 64 and info["sample_seed"] is None
     assert hashlib.sha256(json.dumps(samples).encode()).hexdigest() == SHIPPED_DEFAULT

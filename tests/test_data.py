@@ -58,8 +58,8 @@ def test_each_set_has_a_readme_entry_and_both_languages(name):
     assert name in (DATA / "README.md").read_text(encoding="utf-8")
 
 
-def test_sets_are_big_enough_for_the_shipped_checks(default_model):
-    tok = default_model.tokenizer
+def test_sets_are_big_enough_for_the_shipped_checks(default_tokenizer):
+    tok = default_tokenizer
     calib = token_stream(load_dataset(str(DATA / "general_mix.jsonl")).texts(), tok, tok.eos_token_id)
     held = token_stream(load_dataset(str(DATA / "heldout_eval.jsonl")).texts(), tok, tok.eos_token_id)
     assert len(chunk(calib, 512)) >= 64  # checks/ calibrate on 64 × 512 tokens

@@ -62,6 +62,7 @@ def test_schedule_runs_each_job_once_never_two_on_a_worker() -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.model  # its workers load the real model
 def test_a_parallel_sweep_on_two_cpu_workers_shares_one_snapshot(tmp_path) -> None:
     gates = {"agreement": {"dataset": str(ROOT / "calib_data/heldout_eval.jsonl"), "tokens": 1024, "ctx": 256,
                            "min_top1": 0.5, "max_mean_kld": 1.0}}

@@ -29,7 +29,7 @@ import pytest
 
 from tests.conftest import ROOT
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.model]  # its child process loads the real model
 
 LIBRARIES_OWN = {"torch.nn.modules.module.Module.___needs_generation_tag_patch", "torch.nn.modules.module.Module.__init__",
                  "torch.nn.modules.module.Module.__setstate__",

@@ -5,6 +5,8 @@ write end of the supervisor's standard input. `stop()` closes it; so does the ke
 in any way (Ctrl-C, an exception, SIGTERM, `kill -9`), and the supervisor then stops the server's
 whole process group. The log goes to the run folder. Start-up waits for the API to answer, with a
 timeout; a server that exits or never answers is a `ServerError` (exit 2) with its last log lines.
+With `$QVAL_SERVER_PIDFILE` set, each server's process group is appended to that file, one a line
+(`record_group`): a script can then stop exactly the servers its runs started, should the supervisor die too.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from ..errors import ConfigError
 from .api import Client, ServerError
 from .registry import LaunchOptions
 
+PIDFILE_ENV = "QVAL_SERVER_PIDFILE"  # where each started server's process group is recorded, if set
 VLLM_MODULE = "vllm.entrypoints.openai.api_server"  # `vllm serve` of some CPU builds cannot find its own version
 LOG_LINES = 25  # lines of the server's log an error message carries
 
@@ -74,6 +77,19 @@ def python_of(launch: LaunchOptions, resolve: Callable[[str], Path], where: str 
     return given  # a command name, looked up on PATH when it starts
 
 
+def record_group(group: int) -> None:
+    """Append a started server's process group (its supervisor's pid: a session of its own) to
+    `$QVAL_SERVER_PIDFILE`, when set: what a CI script kills on exit, and nothing else."""
+    path = os.environ.get(PIDFILE_ENV)
+    if path:
+        try:
+            with open(path, "a", encoding="utf-8") as f:
+                f.write(f"{group}\n")
+        except OSError as err:
+            raise ConfigError(f"${PIDFILE_ENV}={path}: cannot record the server's process group there ({err}); "
+                              "point it at a writable file, or unset it") from None
+
+
 class LaunchedServer:
     """One server process (under its supervisor), its log, and the client that reaches it."""
 
@@ -122,6 +138,7 @@ class LaunchedServer:
         log(f"served engine: starting the server on port {self.port} (log {self.log}) …")
         probe = Client(self.url, timeout_s=5, retries=0)
         try:
+            record_group(self.proc.pid)
             while True:
                 if not self.alive():
                     code = self.proc.returncode

@@ -23,7 +23,7 @@ import time
 import pytest
 import torch
 
-pytestmark = [pytest.mark.slow, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
+pytestmark = [pytest.mark.slow, pytest.mark.gpu]
 
 SCORE_TOL = 1 / 16
 TIE_TOL = 0.1

@@ -54,11 +54,11 @@ def wait_gone(pid: int, seconds: float = 40.0) -> bool:
 
 
 @pytest.fixture(scope="module")
-def folder(tmp_path_factory, default_model):
+def folder(tmp_path_factory, default_tokenizer, default_model_config):
     """A "model folder" the stand-in serves: the reference's tokenizer and config (no weights)."""
     path = tmp_path_factory.mktemp("standin_model")
-    default_model.tokenizer.save_pretrained(path)
-    default_model.model.config.to_json_file(path / "config.json")
+    default_tokenizer.save_pretrained(path)
+    default_model_config.to_json_file(path / "config.json")
     return path
 
 
@@ -144,7 +144,29 @@ def test_a_server_that_does_not_start_is_an_error_and_is_stopped(folder, tmp_pat
         assert wait_gone(int(pidfile.read_text()), 30)
 
 
-def test_wrong_model_name_tokenizer_and_missing_prompt_logprobs(folder, tmp_path, default_model):
+def test_qval_server_pidfile_records_each_started_server_s_process_group(folder, tmp_path, monkeypatch):
+    """$QVAL_SERVER_PIDFILE (what .ci/run kills on exit): the group of the supervisor and the server it runs,
+    one line per server started; a file that cannot be written is an error, the server stopped."""
+    record = tmp_path / "servers.pgid"
+    monkeypatch.setenv("QVAL_SERVER_PIDFILE", str(record))
+    groups = []
+    for _ in range(2):
+        server, pidfile = standin(folder, tmp_path)
+        server.start(log=lambda m: None)
+        try:
+            groups.append(os.getpgid(int(pidfile.read_text())))  # the stand-in's own group
+            assert groups[-1] == server.proc.pid != os.getpgrp()
+        finally:
+            server.stop()
+    assert [int(x) for x in record.read_text().split()] == groups
+    monkeypatch.setenv("QVAL_SERVER_PIDFILE", str(tmp_path / "no_such_folder" / "servers.pgid"))
+    server, pidfile = standin(folder, tmp_path)
+    with pytest.raises(ConfigError, match=r"\$QVAL_SERVER_PIDFILE=.*no_such_folder.*cannot record"):
+        server.start(log=lambda m: None)
+    assert server.proc is None and not server.alive()
+
+
+def test_wrong_model_name_tokenizer_and_missing_prompt_logprobs(folder, tmp_path, default_tokenizer):
     server, _ = standin(folder, tmp_path)
     server.start(log=lambda m: None)
     try:
@@ -152,7 +174,7 @@ def test_wrong_model_name_tokenizer_and_missing_prompt_logprobs(folder, tmp_path
         with pytest.raises(ServerError, match="serves no model named 'other'.*it serves: cand"):
             served_model(client, "other")
         assert served_model(client, None)[0] == "cand"
-        assert "checked" in check_tokenizer(client, "cand", default_model.tokenizer)
+        assert "checked" in check_tokenizer(client, "cand", default_tokenizer)
     finally:
         server.stop()
     for mode, error, match in (("bad_tokenizer", ModelError, "tokenizer differs from the reference's"),
@@ -162,7 +184,7 @@ def test_wrong_model_name_tokenizer_and_missing_prompt_logprobs(folder, tmp_path
         try:
             client = Client(server.url, timeout_s=30, retries=0)
             with pytest.raises(error, match=match):
-                check_tokenizer(client, "cand", default_model.tokenizer)
+                check_tokenizer(client, "cand", default_tokenizer)
                 ServedEngine(client, "cand", VOCAB, 8, 1, [2], {}).logits(torch.tensor([[5, 6, 7]]))
         finally:
             server.stop()

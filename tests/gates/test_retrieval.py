@@ -31,11 +31,8 @@ def _cfg(**retrieval):
 
 
 @pytest.fixture(scope="module")
-def tokenizer():
-    from qval.config import ModelConfig
-    from qval.models import load_tokenizer
-
-    return load_tokenizer(ModelConfig())
+def tokenizer(default_tokenizer):
+    return default_tokenizer
 
 
 @pytest.fixture(scope="module")

@@ -111,11 +111,8 @@ def test_choice_by_log_likelihood_with_the_fake_engine(tmp_path: Path):
 # --- suites ---------------------------------------------------------------------------------------
 
 @pytest.fixture(scope="module")
-def tokenizer():
-    from qval.config import ModelConfig
-    from qval.models import load_tokenizer
-
-    return load_tokenizer(ModelConfig())
+def tokenizer(default_tokenizer):
+    return default_tokenizer
 
 
 def test_cloze_candidates_are_repeated_content_words():

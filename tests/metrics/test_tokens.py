@@ -159,7 +159,7 @@ def test_bad_shapes_and_targets_raise() -> None:
         nll_of_targets(torch.zeros(5), torch.zeros(5, dtype=torch.long))
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
+@pytest.mark.gpu
 def test_runs_on_cuda_and_returns_cpu() -> None:
     g = torch.Generator().manual_seed(6)
     ref, cand = torch.randn(16, 64, generator=g), torch.randn(16, 64, generator=g)

@@ -6,7 +6,6 @@ from __future__ import annotations
 import base64
 import json
 import re
-import shutil
 import struct
 import subprocess
 import xml.etree.ElementTree as ET
@@ -141,15 +140,8 @@ CHECK = """<script>window.addEventListener('load', () => {
 BROKEN = '<img src="data:image/svg+xml;base64,bm90IGFuIHN2Zw==" alt="control">'  # "not an svg"
 
 
-def chromium() -> str:
-    exe = shutil.which("chromium") or shutil.which("chromium-browser")
-    if exe is None:
-        pytest.fail("chromium is not installed; install it with `apt-get install -y chromium` (the CI script does)")
-    return exe
-
-
-def run_chromium(tmp: Path, page: Path, *args: str) -> str:
-    cmd = [chromium(), "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+def run_chromium(chromium: str, tmp: Path, page: Path, *args: str) -> str:
+    cmd = [chromium, "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
            "--disable-component-update", "--disable-sync", "--no-first-run", "--hide-scrollbars",
            f"--user-data-dir={tmp / 'chromium-profile'}", *args, page.as_uri()]
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
@@ -157,10 +149,10 @@ def run_chromium(tmp: Path, page: Path, *args: str) -> str:
     return out.stdout
 
 
-def browser_check(tmp: Path, html: str, extra: str = "") -> dict:
+def browser_check(chromium: str, tmp: Path, html: str, extra: str = "") -> dict:
     page = tmp / "checked.html"
     page.write_text(html.replace("</body>", extra + CHECK + "</body>"), encoding="utf-8")
-    dom = run_chromium(tmp, page, "--virtual-time-budget=10000", "--dump-dom")
+    dom = run_chromium(chromium, tmp, page, "--virtual-time-budget=10000", "--dump-dom")
     m = re.search(r'<pre id="qval-check">(.*?)</pre>', dom, re.S)
     assert m, "the page did not finish loading in the browser"
     return json.loads(m.group(1).replace("&quot;", '"'))
@@ -196,23 +188,23 @@ def png_pixels(path: Path) -> tuple[int, int, list[bytes]]:
     return width, bpp, rows
 
 
-def test_browser_renders_the_page_and_loads_every_image(tmp_path):
+def test_browser_renders_the_page_and_loads_every_image(chromium, tmp_path):
     html = render_html(sample_report())
     n_images = len(IMG.findall(html))
     assert n_images >= 10
-    result = browser_check(tmp_path, html)
+    result = browser_check(chromium, tmp_path, html)
     assert result == {"images": n_images, "loaded": n_images, "banner": "rgb(198, 40, 40)", "width": result["width"]}
     assert result["width"] <= 1200  # the layout holds together, no runaway table
     # the check itself can fail: a broken image is reported as not loaded
-    control = browser_check(tmp_path, html, BROKEN)
+    control = browser_check(chromium, tmp_path, html, BROKEN)
     assert control["images"] == n_images + 1 and control["loaded"] == n_images
 
 
-def test_browser_screenshot_is_not_blank(tmp_path):
+def test_browser_screenshot_is_not_blank(chromium, tmp_path):
     page = tmp_path / "report.html"
     page.write_text(render_html(sample_report()), encoding="utf-8")
     shot = tmp_path / "shot.png"
-    run_chromium(tmp_path, page, "--window-size=1000,700", f"--screenshot={shot}")
+    run_chromium(chromium, tmp_path, page, "--window-size=1000,700", f"--screenshot={shot}")
     width, bpp, rows = png_pixels(shot)
     pixels = [row[i : i + 3] for row in rows for i in range(0, len(row), bpp)]
     red_banner = sum(1 for p in pixels if p == bytes((198, 40, 40)))  # the REJECT banner, #c62828
