@@ -18,7 +18,7 @@ model is loaded (qval.models.load_model calls it), what torch leaves to chance:
 - attention: the backends scaled-dot-product attention may use (`ATTENTION`). A masked
   attention (every left-padded batch, every step of the static decoder) otherwise goes to cuDNN
   on a Hopper GPU, and there greedy generations differed from one run to the next
-  (benchmarks/RESULTS.md §12).
+  (benchmarks/RESULTS.md §7).
 
 `QVAL_DETERMINISTIC=0` turns it off (faster where torch's deterministic kernels are slower; the
 figures may then differ run to run). `describe()` is what the report records.
