@@ -75,12 +75,12 @@ def test_diagnose_covers_every_enabled_quantizer_kv_cache_included(fp8_kv8, defa
 
 
 @pytest.mark.slow
-def test_diagnostics_html_renders_in_a_browser(fp8_kv8, tmp_path):
+def test_diagnostics_html_renders_in_a_browser(fp8_kv8, chromium, tmp_path):
     code, out, run, _ = fp8_kv8
     assert code == 0, out
     html = (run / "diagnostics.html").read_text()
     assert "DIAGNOSTICS ONLY" in html and "self_attn.k_bmm" in html
-    result = browser_check(tmp_path, html)
+    result = browser_check(chromium, tmp_path, html)
     assert result["images"] >= 6 and result["loaded"] == result["images"]
 
 
@@ -153,7 +153,7 @@ def test_planted_fault_is_rejected_and_ranked_first(planted):
 
 
 @pytest.mark.slow
-def test_fallback_excludes_that_layer_and_then_passes(planted, tmp_path):
+def test_fallback_excludes_that_layer_and_then_passes(planted, chromium, tmp_path):
     code, out, root = planted
     assert code == 0, out
     assert "fallback: APPROVE" in out
@@ -169,7 +169,7 @@ def test_fallback_excludes_that_layer_and_then_passes(planted, tmp_path):
     assert final["calibration"]["quantizers_enabled"] == 210 - 7  # the layer really is unquantized
     html = (root / "planted" / "report.html").read_text()
     assert "Fallback search" in html
-    result = browser_check(tmp_path, html)
+    result = browser_check(chromium, tmp_path, html)
     # KLD histogram; weight SQNR, scale, range use, flushed (weight-only: no activation charts); 2 rankings
     assert result["images"] == 7 and result["loaded"] == result["images"]
 
