@@ -1,5 +1,7 @@
 """End to end on the real default model (SmolLM2-135M-Instruct): calibrate, build, gate 1,
-verdict and report, through the CLI as a user runs it. Sized for two CPU cores."""
+verdict and report, through the CLI as a user runs it. Sized for two CPU cores: the runs share one
+output folder, so gate 1's reference snapshot is filled once and read by every later run (each run
+keeps its own run folder); diagnostics are off where a test reads none of them."""
 
 from __future__ import annotations
 
@@ -16,28 +18,38 @@ from .conftest import small_config, write_config
 runner = CliRunner()
 
 
-def gate(tmp_path, data) -> tuple[int, dict, str]:
+@pytest.fixture(scope="module")
+def reports(tmp_path_factory):
+    """The module's output folder: one reference snapshot, one run folder per test's config name."""
+    return tmp_path_factory.mktemp("gate_e2e_reports")
+
+
+def gate(tmp_path, reports, data) -> tuple[int, dict, str]:
     path = write_config(tmp_path, data, f"{data['name']}.yaml")
-    result = runner.invoke(app, ["gate", "--config", str(path), "--out", str(tmp_path / "reports"), "-q"])
+    result = runner.invoke(app, ["gate", "--config", str(path), "--out", str(reports), "-q"])
     out = result.output + result.stderr
-    report_file = tmp_path / "reports" / data["name"] / "report.json"
+    report_file = reports / data["name"] / "report.json"
     report = json.loads(report_file.read_text()) if report_file.exists() else {}
     return result.exit_code, report, out
 
 
-def test_none_candidate_is_exact_and_approved(tmp_path, patch_reference):
-    code, report, out = gate(tmp_path, small_config("identity", fmt="none"))
+def no_diagnostics(data: dict) -> dict:
+    return {**data, "diagnostics": {"enabled": False}}
+
+
+def test_none_candidate_is_exact_and_approved(tmp_path, reports, patch_reference):
+    code, report, out = gate(tmp_path, reports, no_diagnostics(small_config("identity", fmt="none")))
     assert code == 0, out
     m = report["gates"]["agreement"]["measurements"]
     assert m["top1"]["value"] == 1.0
     assert m["mean_kld"]["value"] == 0.0
     assert report["gates"]["agreement"]["details"]["kld"]["max"] == 0.0
     assert report["verdict"]["decision"] == "APPROVE"
-    assert (tmp_path / "reports/identity/report.md").read_text().startswith("# qval: identity — APPROVE")
+    assert (reports / "identity/report.md").read_text().startswith("# qval: identity — APPROVE")
 
 
-def test_fp8_verdict_with_sane_figures(tmp_path, patch_reference):
-    code, report, out = gate(tmp_path, small_config("fp8-small", fmt="fp8", kv="fp16"))
+def test_fp8_verdict_with_sane_figures(tmp_path, reports, patch_reference):
+    code, report, out = gate(tmp_path, reports, small_config("fp8-small", fmt="fp8", kv="fp16"))  # diagnostics on
     assert code in (0, 1), out
     ag = report["gates"]["agreement"]
     top1, kld = ag["measurements"]["top1"], ag["measurements"]["mean_kld"]
@@ -54,7 +66,7 @@ def test_fp8_verdict_with_sane_figures(tmp_path, patch_reference):
     assert set(report["environment"]["versions"]) >= {"torch", "transformers", "nvidia-modelopt"}
 
 
-def test_planted_layer_fault_is_rejected(tmp_path, patch_reference, monkeypatch):
+def test_planted_layer_fault_is_rejected(tmp_path, reports, patch_reference, monkeypatch):
     """One decoder layer's weights badly damaged in the candidate only: the gate must reject."""
     from qval.engines import BUILDERS
 
@@ -70,7 +82,7 @@ def test_planted_layer_fault_is_rejected(tmp_path, patch_reference, monkeypatch)
         return engine
 
     monkeypatch.setitem(BUILDERS._items, "fakequant", damaged)
-    code, report, out = gate(tmp_path, small_config("damaged", fmt="none"))
+    code, report, out = gate(tmp_path, reports, no_diagnostics(small_config("damaged", fmt="none")))
     assert code == 1, out
     assert report["verdict"]["decision"] == "REJECT"
     failed = {c["metric"] for c in report["verdict"]["checks"] if c["outcome"] == "fail"}
@@ -78,19 +90,19 @@ def test_planted_layer_fault_is_rejected(tmp_path, patch_reference, monkeypatch)
     assert "REJECT" in out
 
 
-def test_interrupted_run_resumes_without_recalibrating(tmp_path, patch_reference, monkeypatch):
+def test_interrupted_run_resumes_without_recalibrating(tmp_path, reports, patch_reference, monkeypatch):
     import qval.gates.agreement as agreement
     import modelopt.torch.quantization as mtq
 
-    data = small_config("resume", fmt="fp8")
+    data = no_diagnostics(small_config("resume", fmt="fp8"))
     # 1) the run is interrupted during gate 1, after calibration finished
     def interrupt(*a, **k):
         raise KeyboardInterrupt
 
     monkeypatch.setattr(agreement, "token_stats", interrupt)
-    code, _, out = gate(tmp_path, data)
+    code, _, out = gate(tmp_path, reports, data)
     assert code == 130 and "resumes" in out
-    run = tmp_path / "reports/resume"
+    run = reports / "resume"
     assert (run / "calibrate/done.json").exists() and (run / "calibrate/quant_state.pt").exists()
     assert not (run / "gate_agreement/done.json").exists() and not (run / "report.json").exists()
     monkeypatch.undo()
@@ -101,20 +113,20 @@ def test_interrupted_run_resumes_without_recalibrating(tmp_path, patch_reference
         raise AssertionError("recalibrated")
 
     monkeypatch.setattr(mtq, "quantize", no_quantize)
-    code, report, out = gate(tmp_path, data)
+    code, report, out = gate(tmp_path, reports, data)
     assert code in (0, 1), out
     assert report["stages"]["calibrate"]["cached"] is True
     assert report["stages"]["gate_agreement"]["cached"] is False
 
     # 3) a third run reuses everything and loads no model at all
     monkeypatch.setattr("qval.run_reference.load_model", lambda cfg: (_ for _ in ()).throw(AssertionError("loaded")))
-    code, report2, out = gate(tmp_path, data)
+    code, report2, out = gate(tmp_path, reports, data)
     assert code in (0, 1), out
     assert all(s["cached"] for s in report2["stages"].values())
     assert report2["verdict"] == report["verdict"]
     # ... and still names the reference (as the run that loaded it described it) and says where the time went
     assert report2["model"]["name"] == report["model"]["name"] and report2["model"]["loaded"] is False
-    md = (tmp_path / "reports/resume/report.md").read_text()
+    md = (reports / "resume/report.md").read_text()
     assert "computed in ?" not in md and "not loaded in this one" in md
     assert "every stage reused from an earlier run" in md
 

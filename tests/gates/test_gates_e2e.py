@@ -1,7 +1,8 @@
 """Gates 2 and 3 end to end on the real default model (SmolLM2-135M-Instruct), through the CLI
 as a user runs them: the identity candidate passes with exactly zero drift and reuses the
-reference's cached generations; a planted KV-cache fault is caught by gate 3; sliding-window
-perplexity agrees with transformers' own loss; one run takes the full 2048-token path."""
+reference's cached generations; a candidate known only by its top K passes the same exact limits
+through every gate; a planted KV-cache fault is caught by gate 3; sliding-window perplexity agrees
+with transformers' own loss; one run takes the full 2048-token path."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from typer.testing import CliRunner
 from qval.cli import app
 
 from ..conftest import ROOT, small_config, write_config
+from ..engines.topk_engine import TopKEngine
 
 runner = CliRunner()
 #: these tests are about gates 2 and 3; per-layer diagnostics have their own tests
@@ -22,6 +24,7 @@ NO_DIAGNOSTICS = {"enabled": False, "sensitivity": "never"}
 
 
 def gate(tmp_path: Path, data: dict) -> tuple[int, dict, str]:
+    """`qval gate` on `data`, its config and its runs in `tmp_path` (the runs in `tmp_path/reports`)."""
     path = write_config(tmp_path, data, f"{data['name']}.yaml")
     result = runner.invoke(app, ["gate", "--config", str(path), "--out", str(tmp_path / "reports"), "-q"])
     out = result.output + result.stderr
@@ -54,7 +57,15 @@ def exact_gates(tmp_path: Path, name: str) -> dict:
     }, diagnostics=NO_DIAGNOSTICS)
 
 
-def test_identity_passes_all_three_gates_exactly_and_reuses_the_reference(tmp_path, patch_reference):
+@pytest.fixture(scope="module")
+def exact(tmp_path_factory) -> Path:
+    """The exact-limit candidates' folder (their BLEU set, their runs): the reference's work for those gates is
+    done by the first of them and read back by the later ones."""
+    return tmp_path_factory.mktemp("exact_gates")
+
+
+def test_identity_passes_all_three_gates_exactly_and_reuses_the_reference(exact, patch_reference):
+    tmp_path = exact
     code, report, out = gate(tmp_path, exact_gates(tmp_path, "identity-a"))
     assert code == 0, out
     assert {c["gate"] for c in report["verdict"]["checks"]} == {"agreement", "quality", "longgen", "depth", "retrieval"}
@@ -96,6 +107,33 @@ def test_identity_passes_all_three_gates_exactly_and_reuses_the_reference(tmp_pa
     assert [p.name for p in ref_store.iterdir()] == ["snapshot"]
     paths = {Path(g["reference_generation"]["path"]) for g in (q["details"]["bleu"], lg["details"])}
     assert len(paths) == 2 and all(p.is_file() and ref_store / "snapshot" in p.parents for p in paths)
+
+
+@pytest.mark.slow
+def test_a_top_k_candidate_passes_the_identity_limits_through_every_gate(exact, patch_reference, monkeypatch):
+    """Every gate with a candidate known only by its top K (what a served engine answers): the reference
+    itself answered as a server answers passes the identity's exact limits — top-1 1, KLD 0, PPL ratio 1,
+    no flip — through gate 1, depth, gates 2 and 3, retrieval and the task suites, with the snapshot's
+    compact reference on the other side (the identity's, read back where the test above filled it)."""
+    from qval.engines import BUILDERS
+
+    tmp_path = exact
+    real = BUILDERS.get("fakequant")
+    monkeypatch.setitem(BUILDERS._items, "fakequant", lambda ctx: TopKEngine(real(ctx), 16))
+    data = exact_gates(tmp_path, "topk-identity")
+    data["gates"]["tasks"] = {"suites": [{"builtin": "choice", "size": 12, "margin": 0.2, "max_flip_rate": 0.3},
+                                         {"builtin": "cloze", "size": 12, "margin": 0.2, "max_flip_rate": 0.3}]}
+    code, report, out = gate(tmp_path, data)
+    assert code == 0, out
+    assert {c["gate"] for c in report["verdict"]["checks"]} == {"agreement", "quality", "longgen", "depth", "retrieval", "tasks"}
+    assert report["candidate"]["engine"]["backend"] == "topk"
+    a = report["gates"]["agreement"]
+    assert a["measurements"]["top1"]["value"] == 1.0 and a["measurements"]["mean_kld"]["value"] == 0.0
+    assert a["details"]["kld_topk"]["mean_kld_lower"] == 0.0 and 0 < a["details"]["kld_topk"]["mean_unseen_mass"] < 1
+    assert a["details"]["kld_topk"]["mean_kld_estimate"] == 0.0  # the plain estimate beside the gated figure
+    assert report["gates"]["quality"]["measurements"]["ppl_ratio"]["value"] == 1.0
+    md = (tmp_path / "reports/topk-identity/report.md").read_text()
+    assert "known by its top K log-probabilities" in md and "strict lower bound" in md and "the plain estimate" in md
 
 
 def test_without_a_snapshot_the_generations_are_still_stored_once(tmp_path, patch_reference):

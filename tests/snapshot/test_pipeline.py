@@ -42,14 +42,29 @@ def invoke(tmp_path, command: str, data: dict) -> tuple[int, dict, str]:  # noqa
     return result.exit_code, report, result.output + (result.stderr or "")
 
 
+@pytest.fixture(scope="module")
+def against_snapshot(tmp_path_factory, default_model):
+    """`qval reference` fills the snapshot with the reference alone, then two candidates (`cand-a`: FP8,
+    `cand-b`: FP8 with an FP8 KV cache) are gated against it, both models in memory: the folder and each
+    run's (exit code, report, output), read by the tests below."""
+    tmp = tmp_path_factory.mktemp("snapshot_pipeline")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr("qval.run_reference.load_model", lambda cfg: default_model)
+        mp.setattr(concurrent, "can_pair", lambda engines: False)  # count every call in this process
+        runs = {"fill": invoke(tmp, "reference", config("fill"))}
+        for name, extra in (("cand-a", {}), ("cand-b", {"quant": {"format": "fp8", "kv_cache": "fp8"}})):
+            runs[name] = invoke(tmp, "gate", config(name, **extra))
+    return tmp, runs
+
+
 @pytest.mark.slow
-def test_candidates_against_a_filled_snapshot_make_no_reference_pass(tmp_path, patch_reference, monkeypatch):
-    monkeypatch.setattr(concurrent, "can_pair", lambda engines: False)  # count every call in this process
-    code, _, out = invoke(tmp_path, "reference", config("fill"))
+def test_candidates_against_a_filled_snapshot_make_no_reference_pass(against_snapshot):
+    tmp_path, runs = against_snapshot
+    code, _, out = runs["fill"]
     assert code == 0, out
     assert "reference snapshot" in out and "agreement" in out
-    for name, extra in (("cand-a", {}), ("cand-b", {"quant": {"format": "fp8", "kv_cache": "fp8"}})):
-        code, report, out = invoke(tmp_path, "gate", config(name, **extra))
+    for name in ("cand-a", "cand-b"):
+        code, report, out = runs[name]
         assert code in (0, 1), out
         snap = report["model"]["snapshot"]
         assert snap["reference_forward_calls"] == 0 and snap["reused_calls"] > 0, snap
@@ -65,8 +80,9 @@ def test_candidates_against_a_filled_snapshot_make_no_reference_pass(tmp_path, p
 
 
 @pytest.mark.slow
-def test_sequential_run_equals_both_in_memory(tmp_path, default_model, monkeypatch):
-    """Sequential calibrates the loaded weights in place: each load is a fresh copy of the session's model."""
+def test_sequential_run_equals_both_in_memory(tmp_path, against_snapshot, default_model, monkeypatch):
+    """Sequential calibrates the loaded weights in place: each load is a fresh copy of the session's model.
+    The run with both in memory is `cand-a` above (the same config under another name)."""
     loads = []
 
     def load(cfg):  # noqa: ANN001, ANN202
@@ -75,9 +91,8 @@ def test_sequential_run_equals_both_in_memory(tmp_path, default_model, monkeypat
 
     monkeypatch.setattr("qval.run_reference.load_model", load)
     monkeypatch.setattr(concurrent, "can_pair", lambda engines: False)
-    _, both, out = invoke(tmp_path, "gate", config("both"))
+    _, both, out = against_snapshot[1]["cand-a"]
     assert both, out
-    loads.clear()
     (tmp_path / "seq").mkdir()  # its own report folder: its own snapshot, filled by the sequential run itself
     _, seq, out = invoke(tmp_path / "seq", "gate", config("seq", snapshot={"sequential": True}))
     assert seq, out

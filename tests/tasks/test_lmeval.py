@@ -198,11 +198,8 @@ def test_validate_names_an_unknown_task_a_bad_metric_and_a_short_task(tmp_path):
 
 
 @pytest.fixture(scope="module")
-def tokenizer():
-    from qval.config import ModelConfig
-    from qval.models import load_tokenizer
-
-    return load_tokenizer(ModelConfig())
+def tokenizer(default_tokenizer):
+    return default_tokenizer
 
 
 class FlatEngine:
@@ -576,8 +573,9 @@ def test_a_chat_templated_task_is_lm_evals_own_with_apply_chat_template(default_
     items = [json.loads(x) for x in (tmp_path / "items.jsonl").read_text().splitlines()]
     choice = [x for x in items if x["suite"] == "qval_choice"]
     assert choice and all("<|im_start|>assistant" in x["excerpt"] for x in choice), choice[0]["excerpt"]
+    templated = {}
     for task, limit, key in (("qval_choice", 10, "acc,none"), ("qval_recall", 6, "exact_match,first-number")):
-        theirs = _hflm(default_model, task, LMEVAL, limit=limit, apply_chat_template=True)
+        theirs = templated[task] = _hflm(default_model, task, LMEVAL, limit=limit, apply_chat_template=True)
         ours = {s.suite: s for s in r.details.suites}[task]
         assert ours.drop.ref_accuracy == theirs["results"][task][key]
         if task == "qval_choice":
@@ -585,9 +583,8 @@ def test_a_chat_templated_task_is_lm_evals_own_with_apply_chat_template(default_
         else:
             assert {x["id"]: x["ref_answer"] for x in items if x["suite"] == task} == \
                 {str(s["doc_id"]): s["filtered_resps"][0] for s in theirs["samples"][task]}
-    plain = _hflm(default_model, "qval_choice", LMEVAL, limit=10)
-    assert plain["samples"]["qval_choice"][0]["arguments"] != \
-        _hflm(default_model, "qval_choice", LMEVAL, limit=10, apply_chat_template=True)["samples"]["qval_choice"][0]["arguments"]
+    plain = _hflm(default_model, "qval_choice", LMEVAL, limit=10)  # the same task without the template: other prompts
+    assert plain["samples"]["qval_choice"][0]["arguments"] != templated["qval_choice"]["samples"]["qval_choice"][0]["arguments"]
 
 
 def test_chat_template_without_a_template_in_the_tokenizer_is_a_config_error(tokenizer):
