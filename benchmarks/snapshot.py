@@ -1,7 +1,7 @@
 """The reference snapshot's estimator: how close its KLD is to the full computation, and whether every
 shipped check gives the same verdict with it as with both models in memory.
 
-`k`: gate 1's KLD from the snapshot's compact form (`qval/snapshot/compact.py`) against the KLD from
+`k`: gate 1's KLD from the snapshot's compact form (`qval/metrics/compact.py`) against the KLD from
 the full reference logits, for several k, on the same chunks, in one pass. Each check's candidate is
 calibrated and built as `qval gate` builds it, gate 1's chunks (at the check's size) are scored by
 both models once, and for every k the compact reference is made from the same logits. Per k: mean
@@ -42,7 +42,7 @@ def k_table(ref: Any, cand: Any, cfg: Any, tok: Any, ks: list[int], name: str) -
 
     from qval.gates.agreement import chunks_for
     from qval.metrics.tokens import token_stats
-    from qval.snapshot.compact import TAIL_POINTS, compress, stats
+    from qval.metrics.compact import TAIL_POINTS, compress, stats
 
     g = cfg.gates.agreement
     chunks, _ = chunks_for(cfg, tok)

@@ -21,7 +21,7 @@ from .config_gates import (  # noqa: F401
 )
 from .config_types import format_errors, mistyped, non_finite  # noqa: F401  (non_finite: importable from here as before)
 from .config_served import served_location, served_reference_fits
-from .engines.registry import BACKENDS, ServedOptions, needs_calibration
+from .backends import BACKENDS, ServedOptions, needs_calibration
 from .errors import ConfigError
 from .io import read_text_utf8
 from .quantize.formats import FORMATS, FormatSpec, names_where

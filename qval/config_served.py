@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .engines.registry import MODEL_SOURCES
+from .backends import MODEL_SOURCES
 
 
 def served_location(model: Any) -> None:

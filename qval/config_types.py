@@ -23,7 +23,7 @@ from typing import Annotated, Any, Literal, Union, get_args, get_origin
 
 from pydantic import BaseModel, ValidationError
 
-from .engines.registry import BACKENDS
+from .backends import BACKENDS
 
 
 def _kinds(ann: Any) -> set[str]:

@@ -6,7 +6,7 @@ Every engine method that scores tokens (`Engine.logits`, `logits_pieces`, `answe
 - a `torch.Tensor` [..., V] of raw logits: an engine that computes in this process (the reference
   model, a simulated or exported candidate);
 - a `Compact` block [...]: the next-token distributions given compactly, from
-  * the reference snapshot (`qval.snapshot.compact.compress`): the top k log-probabilities, the
+  * the reference snapshot (`qval.metrics.compact.compress`): the top k log-probabilities, the
     tail's mass and points sampled from it, or the whole log-softmax (`topk: exact`);
   * a served engine (`qval.engines.served`): what a server's API returns per position, its top K
     log-probabilities and the actual next token's.

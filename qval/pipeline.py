@@ -9,6 +9,7 @@ are all finished only re-renders the report.
 from __future__ import annotations
 
 import copy
+import tempfile
 import time
 from dataclasses import InitVar, dataclass, field
 from pathlib import Path
@@ -27,7 +28,7 @@ from .engines.base import BuildContext
 from .engines.builders import BUILDERS, engine_identity
 from .environment import environment
 from .errors import ConfigError
-from .gates import GATES, GateContext
+from .gates import GATES, GateContext, data_identities
 from .io import atomic_write_json, read_json
 from .memory import PhaseMemory, free_memory
 from .models import LoadedModel
@@ -35,7 +36,7 @@ from .progress import SILENT, Progress
 from .quantize import modelopt_adapter  # its functions looked up at call time (tests replace save_state)
 from .report import schema, write_reports
 from .run_reference import RunReference
-from .snapshot.fill import fill_gates
+from .snapshot.engine import MirrorCandidate
 from .stages import KEY_PACKAGES, RunDir, Stage
 from .verdict import GateResult, Verdict, decide
 
@@ -213,6 +214,42 @@ def _finish(s: Session, stage: Stage, started: float, result: GateResult, refere
     s.run.record(stage, cached=False)
 
 
+def fill_gates(s: Session, shared: Path) -> dict[str, Any]:
+    """The snapshot filled with the reference alone (`qval reference`, a sequential run's first phase):
+    every enabled gate's reference work into the snapshot, with the reference alone: each gate
+    runs against `MirrorCandidate` (the reference answering for the candidate from its own
+    outputs), so it asks the reference exactly what it asks with a real candidate; its figures are
+    discarded. What depends on a real candidate's output (the judge of its text, the answers where
+    the two disagree) cannot be stored in advance. Returns each gate's use of the snapshot."""
+    reference = s.ref.for_gates(shared)
+    mirror = MirrorCandidate(reference)
+    gates: dict[str, Any] = {}
+    done: dict[str, Any] = {}
+    try:
+        with tempfile.TemporaryDirectory(prefix="qval-reference-") as tmp:
+            for spec in GATES.ordered():
+                if not spec.enabled(s.config):
+                    continue
+                before = reference.usage()
+                folder = Path(tmp) / f"gate_{spec.name}"  # as in a run folder
+                folder.mkdir()
+                torch.manual_seed(s.config.seed)
+                with PhaseMemory() as mem:
+                    ctx = GateContext(config=s.config, reference=reference, candidate=mirror, tokenizer=s.ref.tokenizer, folder=folder,
+                                      progress=s.progress, upstream=done)
+                    result = spec.run(ctx)
+                result.folder = folder  # gate 2 reads gate 1's positions through `done` (GateContext.upstream)
+                done[spec.name] = result
+                after = reference.usage()
+                gates[spec.name] = {"status": result.status, "error": result.error, "memory": mem.describe(),
+                                    **{k: round(after[k] - before[k], 2) for k in before}}
+                if result.status == "error":  # the reference itself failed (non-finite logits): say so, stop
+                    break
+    finally:
+        reference.mirror(False)
+    return gates
+
+
 def fill_reference(cfg: GateConfig, progress: Progress = SILENT, out_dir: str | None = None) -> dict[str, Any]:
     """`qval reference`: `fill_gates` for one config, the reference alone in memory; the snapshot's
     description and each gate's use of it."""
@@ -269,7 +306,8 @@ def run_gate(cfg: GateConfig, progress: Progress = SILENT, out_dir: str | None =
         report = schema.build_report(cfg, verdict, results, reference=s.ref.report_description(s.fill),
                                      engine=s._candidate.describe() if s._candidate is not None else None,
                                      calibration=calib.meta() if calib else None, stages=s.run.log, environment=s.env,
-                                     numerics=determinism.describe(), diagnostics=diagnostics, seconds=time.perf_counter() - t0)
+                                     numerics=determinism.describe(), diagnostics=diagnostics, seconds=time.perf_counter() - t0,
+                                     data=data_identities(cfg))
     finally:  # a server the candidate or the reference started stops on every exit path (an error, Ctrl-C)
         try:
             getattr(s._candidate, "close", lambda: None)()

@@ -9,7 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from ..engines.registry import needs_calibration
+from ..backends import needs_calibration
 from ..errors import ConfigError
 from ..io import atomic_write_json, atomic_write_text
 from .. import pipeline  # looked up at call time, as before (tests replace pipeline.calibrate)

@@ -19,13 +19,10 @@ from typing import Any, Callable, Iterable
 import torch
 
 from ..quantize.modelopt_adapter import QuantizerState, quantizer_state
+from ..report.diagnostics_csv import COLUMNS  # layers.csv's columns: every row has each of them
 from .folding import FoldedWeights
 from .stats import AbsStats
 
-#: columns of layers.csv, in order
-COLUMNS = ("quantizer", "unit", "part", "kind", "format", "granularity", "groups", "numel", "amax_max", "amax_mean",
-           "maxbound", "scale_max", "scale_mean", "sqnr_db", "clipped", "flushed", "range_use", "outlier_ratio",
-           "p99_9_abs", "max_abs", "pqs_min", "pqs_max", "pqs_mean", "pqs_spread", "flags")
 
 _KINDS = {"weight_quantizer": "weight", "input_quantizer": "input", "output_quantizer": "output",
           "k_bmm_quantizer": "kv", "v_bmm_quantizer": "kv", "q_bmm_quantizer": "attention", "p_bmm_quantizer": "attention"}

@@ -9,8 +9,6 @@ keyed by the calibration it reads and its own settings; a passing candidate unde
 from __future__ import annotations
 
 import copy
-import csv
-import io
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
@@ -22,6 +20,7 @@ from ..data import chunk, dataset_identity, load_dataset, token_stream
 from ..errors import DataError
 from ..io import atomic_write_json, atomic_write_text, read_json
 from ..quantize.modelopt_adapter import iter_quantizers, restore_state
+from ..report.diagnostics_csv import layers_csv
 from . import scales, sensitivity
 
 if TYPE_CHECKING:
@@ -41,21 +40,6 @@ def restore_unfolded(s: "Session", calib: "Stage") -> torch.nn.Module:
         return restore_state(model, calib.path / "quant_state.pt").eval()
     model = restore_state(copy.deepcopy(s.ref.model.model), calib.path / "quant_state.pt")
     return model.eval()
-
-
-def layers_csv(rows: list[dict[str, Any]]) -> str:
-    buf = io.StringIO()
-    w = csv.DictWriter(buf, fieldnames=list(scales.COLUMNS), extrasaction="ignore", lineterminator="\n")
-    w.writeheader()
-    for r in rows:
-        w.writerow({k: _csv_value(r.get(k)) for k in scales.COLUMNS})
-    return buf.getvalue()
-
-
-def _csv_value(v: Any) -> Any:
-    if isinstance(v, float):
-        return f"{v:.6g}"
-    return "" if v is None else v
 
 
 def slice_ctx(cfg: Any) -> int:

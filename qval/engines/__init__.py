@@ -1,11 +1,11 @@
 """Engines: how a candidate is built and run.
 
-- `registry`: the backends' names, options models and capabilities, as data (what a config is
-  validated against; it imports no engine implementation);
+- `registry`: the backends' names, options models and capabilities, as data: `qval.backends`
+  (beside the config, which validates against it) re-exported under this package's older path;
 - `base`: the `Engine` interface and the `BuildContext` a builder receives;
 - `builders`: `BUILDERS`, every backend's builder by name (it imports the implementations).
 
-This package imports only the registry, so `import qval.config` loads no engine. `BUILDERS`,
+This package imports only `qval.backends`; the config imports no engine module at all. `BUILDERS`,
 `engine_identity`, `check_engine` and `BuildContext` are re-exported here for compatibility and
 load their modules on first use; code inside qval imports them from their own modules.
 """
@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .registry import BACKENDS, needs_calibration  # noqa: F401
+from ..backends import BACKENDS, needs_calibration  # noqa: F401
 
 
 def __getattr__(name: str) -> Any:

@@ -2,7 +2,7 @@
 
 The one module that imports every engine implementation (explicitly, no package walking); heavy
 libraries are imported inside the builders. The names, options and capabilities are declared in
-`qval.engines.registry` (what a config is validated against, without importing this module);
+`qval.backends` (what a config is validated against, without importing this module);
 importing this module fails if a declared backend has no builder here, or a builder no declaration.
 """
 
@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any, Callable
 from ..registry import Registry
 from . import checkpoint, export, fakequant, realquant, served_setup, tensorrt_llm
 from .base import BuildContext, Engine
-from .registry import BACKENDS
+from ..backends import BACKENDS
 
 if TYPE_CHECKING:
     from ..config import GateConfig

@@ -17,7 +17,7 @@ from ..export.formats import check_exportable
 from ..export.reader import load_unified
 from .base import BuildContext
 from .hf import HFEngine
-from .registry import BACKENDS
+from ..backends import BACKENDS
 from .runtime import Runtime, option
 
 

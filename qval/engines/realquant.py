@@ -31,7 +31,7 @@ from ..errors import StageError
 from ..quantize.modelopt_adapter import compress, quantizer_state, real_quant_weight, restore_state
 from .base import BuildContext
 from .hf import HFEngine
-from .registry import RealQuantOptions  # noqa: F401  (declared with the backend's name; re-exported here)
+from ..backends import RealQuantOptions  # noqa: F401  (declared with the backend's name; re-exported here)
 from .runtime import option
 
 CPU_GEMM = "qval_cpu_fp8_scaled_mm"

@@ -34,7 +34,7 @@ import torch
 from . import decode_attention
 from .kvcache import growing_cache
 
-Runtime = Literal["qval", "transformers"]  # engine.options.runtime (qval.engines.registry.RuntimeOptions)
+Runtime = Literal["qval", "transformers"]  # engine.options.runtime (qval.backends.RuntimeOptions)
 
 
 class DecodeRuntime:
@@ -69,7 +69,7 @@ def plain(model: torch.nn.Module) -> None:
 
 def option(engine_config: Any) -> Runtime:
     """`engine.options.runtime` of a config's engine section ("qval" where its backend declares no such option)."""
-    from .registry import BACKENDS
+    from ..backends import BACKENDS
 
     model = BACKENDS.get(engine_config.backend).options_model
     return getattr(model.model_validate(engine_config.options), "runtime", "qval") if model is not None else "qval"

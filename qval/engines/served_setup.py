@@ -21,7 +21,7 @@ from .api import Client, ServerError
 from .base import BuildContext
 from .checkpoint import PROBE
 from .served import ServedEngine
-from .registry import LaunchOptions, ServedOptions
+from ..backends import LaunchOptions, ServedOptions
 from .server import LaunchedServer, free_port, port_in_use, python_of, vllm_command
 
 FOLDER_VERSION = 1
@@ -73,7 +73,7 @@ def model_folder(ctx: BuildContext, launch: LaunchOptions) -> tuple[Path, dict[s
         return folder, {"model": "reference", "folder": str(folder)}, None
     if launch.model == "candidate":
         from ..export.build import build_export
-        from .registry import ExportOptions
+        from ..backends import ExportOptions
 
         if ctx.calib_state is None:
             raise ConfigError("engine.options.launch.model: candidate serves this config's calibrated candidate, but the "

@@ -21,7 +21,7 @@ from typing import Any, Callable
 
 from ..errors import ConfigError
 from .api import Client, ServerError
-from .registry import LaunchOptions
+from ..backends import LaunchOptions
 
 PIDFILE_ENV = "QVAL_SERVER_PIDFILE"  # where each started server's process group is recorded, if set
 VLLM_MODULE = "vllm.entrypoints.openai.api_server"  # `vllm serve` of some CPU builds cannot find its own version

@@ -32,7 +32,7 @@ from ..export.build import BuildResult, build_export, fidelity_summary
 from ..export.formats import check_exportable
 from .base import BuildContext, Engine, Generation
 from .hf import HFEngine
-from .registry import TensorRTLLMOptions  # noqa: F401  (declared with the backend's name; re-exported here)
+from ..backends import TensorRTLLMOptions  # noqa: F401  (declared with the backend's name; re-exported here)
 
 NOT_EXECUTED = "TensorRT-LLM adapter NOT EXECUTED here: it ran against a stand-in object, not tensorrt_llm.LLM"
 

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import ValidationError
 
-from ..engines.registry import ExportOptions  # noqa: F401  (declared with the backends' names; re-exported here)
+from ..backends import ExportOptions  # noqa: F401  (declared with the backends' names; re-exported here)
 from ..errors import ConfigError, StageError
 from ..io import atomic_write_json, file_fingerprint, hash_json, read_json
 from ..stages import versions

@@ -7,10 +7,15 @@ The specs' parts (`GateContext`, `GateSpec`, `max_positions`, `context_problem`)
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Any
+
 from ..export import gate as export_fidelity
 from ..registry import Registry
 from . import agreement, depth, longgen, quality, retrieval, tasks
 from .base import GateContext, GateSpec, context_problem, max_positions  # noqa: F401
+
+if TYPE_CHECKING:
+    from ..config import GateConfig
 
 GATES: Registry[GateSpec] = Registry("gate")
 
@@ -25,3 +30,9 @@ for _spec in (
 ):
     GATES.register(_spec.name)(_spec)
 del _spec
+
+
+def data_identities(cfg: "GateConfig") -> dict[str, Any]:
+    """Each enabled gate's data sets with their content hashes (its inputs' "data"), in run order:
+    report.json's `data` after the calibration's (`qval.report.schema.build_report`)."""
+    return {spec.name: spec.inputs(cfg).get("data") for spec in GATES.ordered() if spec.enabled(cfg)}

@@ -81,7 +81,7 @@ def kld_bound_details(a: dict[str, np.ndarray]) -> dict[str, Any]:
         out["kld_bound"] = {"mean_kld": est, "mean_kld_upper": hi, "p99_kld_upper": quantiles(a["kld_upper"], [0.99])["p99"],
                             "note": "KLD from the reference snapshot: its top-k log-probabilities exactly, its tail from a "
                                     "systematic sample of tail tokens; mean_kld_upper is a strict upper bound of the "
-                                    "full-vocabulary mean KLD (qval/snapshot/compact.py)"}
+                                    "full-vocabulary mean KLD (qval/metrics/compact.py)"}
     if "kld_lower" in a:
         q = quantiles(a["unseen_mass"], [0.99])["p99"]
         out["kld_topk"] = {"mean_kld": float(np.mean(a["kld"])), "mean_kld_lower": float(np.mean(a["kld_lower"])),

@@ -1,4 +1,4 @@
-"""Row-wise helpers of the per-position statistics (`tokens.py`, `snapshot/compact.py`): input
+"""Row-wise helpers of the per-position statistics (`tokens.py`, `compact.py`): input
 checks, float32 log-softmax with each row's finiteness, NaN where a row was not finite."""
 
 from __future__ import annotations

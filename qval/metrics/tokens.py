@@ -43,7 +43,7 @@ def token_stats(logits_ref: Logits, logits_cand: Logits, targets: Tensor) -> dic
 
         if is_topk_reference(logits_ref):  # a reference given by its top K (a served reference)
             return topk_reference_stats(logits_ref, logits_cand, targets)
-        from ..snapshot.compact import stats
+        from .compact import stats
 
         return stats(logits_ref, logits_cand, targets)
     _check_logits(logits_ref, "logits_ref")
@@ -81,7 +81,7 @@ def nll_of_targets(logits: Tensor, targets: Tensor) -> Tensor:
     [0.6931471824645996, nan]
     """
     if not isinstance(logits, torch.Tensor):  # a compact reference (the snapshot): its stored target NLLs
-        from ..snapshot.compact import nll
+        from .compact import nll
 
         return nll(logits, targets)
     _check_logits(logits, "logits")

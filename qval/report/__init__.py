@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from ..io import atomic_write_json, atomic_write_text
+from .diagnostics_csv import layers_csv
 from .markdown import render_markdown
 
 
@@ -15,8 +16,6 @@ def write_reports(run_dir: Path, report: dict[str, Any]) -> None:
 
     diagnostics = report.get("diagnostics")
     if diagnostics and diagnostics.get("layers") is not None:
-        from ..diagnostics.stage import layers_csv
-
         atomic_write_text(run_dir / "layers.csv", layers_csv(diagnostics["layers"]))
         diagnostics["layers_csv"] = "layers.csv"
     atomic_write_json(run_dir / "report.json", report)

@@ -9,7 +9,6 @@ from typing import Any
 
 from ..config import GateConfig
 from ..data import dataset_identity
-from ..gates import GATES
 from ..io import hash_json
 from ..quantize.formats import FORMATS
 from ..verdict import GateResult, Verdict
@@ -24,15 +23,13 @@ def now() -> str:
     return datetime.now(timezone.utc).isoformat(timespec="seconds")
 
 
-def data_identities(cfg: GateConfig) -> dict[str, Any]:
-    """Every data set the run read, with its content hash."""
+def data_identities(cfg: GateConfig, gates: dict[str, Any]) -> dict[str, Any]:
+    """Every data set the run read, with its content hash: the calibration's, then each gate's
+    (`gates`: by gate name in run order, as `qval.gates.data_identities` gives them)."""
     out: dict[str, Any] = {}
     if cfg.calibrates:  # a checkpoint's or a server's own model read no calibration data
         out["calibration"] = dataset_identity(cfg.calibration.dataset, cfg.resolve(cfg.calibration.dataset))
-    for spec in GATES.ordered():
-        if spec.enabled(cfg):
-            out[spec.name] = spec.inputs(cfg).get("data")
-    return out
+    return out | gates
 
 
 def unloaded_reference(saved: Any, fingerprint: str) -> dict[str, Any]:
@@ -66,10 +63,11 @@ def candidate(cfg: GateConfig, engine: dict[str, Any] | None) -> dict[str, Any]:
 def build_report(cfg: GateConfig, verdict: Verdict, results: dict[str, GateResult], *, reference: dict[str, Any],
                  engine: dict[str, Any] | None, calibration: dict[str, Any] | None, stages: dict[str, Any],
                  environment: dict[str, Any], numerics: dict[str, Any], diagnostics: dict[str, Any] | None,
-                 seconds: float) -> dict[str, Any]:
+                 seconds: float, data: dict[str, Any]) -> dict[str, Any]:
     """report.json of one gate run. `reference`: the reference model's description; `calibration`:
     the calibrate stage's record (None for an uncalibrated candidate); `stages`: the run's stage
-    log; `numerics`: determinism.describe(); `seconds`: the run's wall time."""
+    log; `numerics`: determinism.describe(); `seconds`: the run's wall time; `data`: each enabled
+    gate's data identity (`qval.gates.data_identities`)."""
     config = cfg.model_dump(mode="json")
     return {
         "schema": SCHEMA,
@@ -85,7 +83,7 @@ def build_report(cfg: GateConfig, verdict: Verdict, results: dict[str, GateResul
         "model": reference,
         "candidate": candidate(cfg, engine),
         "calibration": calibration,
-        "data": data_identities(cfg),
+        "data": data_identities(cfg, data),
         "gates": {k: v.to_dict() for k, v in results.items()},
         "stages": stages,
         "environment": {**environment, "determinism": numerics},

@@ -27,7 +27,7 @@ import torch
 from ..engines.base import Engine, Generation, Logits
 from ..io import hash_json
 from ..logits import Compact
-from .compact import TAIL_POINTS, compress
+from ..metrics.compact import TAIL_POINTS, compress
 from .store import SnapshotStore
 
 

@@ -117,7 +117,7 @@ def continuation_logprob(logits: torch.Tensor, target: Sequence[int]) -> float:
     """Sum of log p(target_j) over a continuation ([len(target), V] logits, row j predicts target j):
     lm-eval's log-likelihood of a choice (its `acc`, unnormalised by length)."""
     if not isinstance(logits, torch.Tensor):  # a compact reference (the snapshot): its stored log-probabilities
-        from ..snapshot.compact import nll
+        from ..metrics.compact import nll
 
         return float((-nll(logits, torch.tensor(list(target)))).to(torch.float32).sum())
     logp = torch.log_softmax(logits.float(), dim=-1)

@@ -16,7 +16,7 @@ import torch
 
 from qval.logits import Compact, from_topk
 from qval.metrics.tokens import token_stats
-from qval.snapshot.compact import compress
+from qval.metrics.compact import compress
 
 
 def served(logits: torch.Tensor, targets: torch.Tensor, k: int) -> Compact:

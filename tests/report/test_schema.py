@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 
 from qval.config import parse_config
+from qval.gates import data_identities
 from qval.report import schema
 from qval.verdict import GateResult, Threshold, decide
 
@@ -21,7 +22,7 @@ def test_keys_and_their_order_are_those_of_a_real_report():
     verdict = decide(results, [Threshold("agreement", "top1", "min", 0.9, "top-1")])
     r = schema.build_report(cfg, verdict, results, reference={"fingerprint": "ab"}, engine=None, calibration=None,
                             stages={}, environment={"versions": {}, "device": "cpu"}, numerics={"mode": "cpu"},
-                            diagnostics=None, seconds=1.234)
+                            diagnostics=None, seconds=1.234, data=data_identities(cfg))
     real = json.loads(REAL.read_text(encoding="utf-8"))
     # issue 29 added one key after the verdict: the measured error rates that apply (none for this name)
     assert [k for k in r if k != "error_rates"] == list(real) and list(r["candidate"]) == list(real["candidate"])
@@ -59,7 +60,7 @@ def test_the_measured_rates_are_looked_up_by_the_check_file_and_the_run_not_the_
     def rates(c, reference=builtin):
         return schema.build_report(c, verdict, results, reference=reference, engine=None, calibration=None, stages={},
                                    environment={"versions": {}, "device": "cpu"}, numerics={}, diagnostics=None,
-                                   seconds=1.0)["error_rates"]
+                                   seconds=1.0, data={})["error_rates"]
     assert cfg.name == "int8_sq-alpha0.8-fallback1" and rates(cfg)["measured"] is True
     assert rates(cfg)["checks"] == {"agreement/top1": {"failed": 0, "variants": 27, "uninformative": 0}}
     assert "checks this run lacks" in rates(cfg)["why_not"]  # the other 15 checks are not in this verdict

@@ -1,4 +1,4 @@
-"""qval.snapshot.compact: the reference's distributions kept compactly give every gate figure but
+"""qval.metrics.compact: the reference's distributions kept compactly give every gate figure but
 the KLD exactly, the KLD within a measured tolerance, and a strict upper bound of it."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import torch
 
 from qval.metrics.tokens import nll_of_targets, token_stats
 from qval.logits import Compact, cat
-from qval.snapshot.compact import compress, stats
+from qval.metrics.compact import compress, stats
 from qval.snapshot.engine import expand
 
 EXACT_FIELDS = ("top1", "p_ref", "p_cand", "nll_ref", "nll_cand", "finite_ref", "finite_cand")

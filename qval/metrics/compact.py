@@ -55,7 +55,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from ..logits import Compact
-from ..metrics.rows import _check_logits, _check_targets, _log_probs, _nan_where_not, _to_cpu64, kld_rows, position_stats
+from .rows import _check_logits, _check_targets, _log_probs, _nan_where_not, _to_cpu64, kld_rows, position_stats
 
 BOUND_TOKENS = 256  # candidate tail tokens the upper bound looks at one by one
 TAIL_POINTS = 256  # tokens that stand for the reference's tail, each for 1/TAIL_POINTS of its mass
