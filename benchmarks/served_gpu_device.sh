@@ -10,7 +10,7 @@
 #   mkdir -p .g1 .g2; head -c 49181216 $GGUF > .g1/part_aa; tail -c +49181217 $GGUF > .g2/part_ab
 # Calls (each `bash benchmarks/served_gpu_device.sh VERB …`, carry as named):
 #   [.whl .vp0] keep   [.g1] keep   [.g2] start sim:600   [.vp1] keep   [.vp2] keep   [.vp3] keep
-#   [.vp4] start served:480,extras:400,speed8b:420   then   wait 570   until no phase runs
+#   [.vp4] start served:420,extras:330,speed8b:300   then   wait 570   until no phase runs
 # Verbs:
 #   keep            install .whl/ into /tmp/site; keep GGUF and vLLM parts; the GGUF assembled, vLLM installed (6 s)
 #                   into $HOME/vsite once all their parts are here (sha256 checked)
