@@ -44,7 +44,7 @@ from pydantic import BaseModel, ConfigDict, Field  # noqa: E402
 
 from qval.faults import GRID, Fault, plant  # noqa: E402
 from qval.gate_metrics import Spread  # noqa: E402
-from qval.verdict import row_of  # noqa: E402
+from qval.verdict import CheckKey, row_of  # noqa: E402
 
 
 class PlantedOptions(BaseModel):
@@ -134,7 +134,7 @@ def config_for(job: dict[str, Any], args: argparse.Namespace):  # noqa: ANN201 -
 
 def is_median(gate: str, metric: str) -> bool:
     """Whether a check's figure is a median over prompts (gate 3's judge-NLL excess), by its gate_metrics row."""
-    row = row_of(gate, metric)
+    row = row_of(CheckKey.parse(gate, metric))  # a stored check's name read back to its key
     return row is not None and isinstance(row.sizing, Spread) and row.sizing.median
 
 

@@ -303,7 +303,7 @@ def run_parallel(candidates: list[tuple[GateConfig, float | None]], refused: dic
             entry.error = refused[cfg.name]
         elif path.is_file() and path.stat().st_mtime >= t0:  # written by this sweep's worker, not left by an older run
             report = json.loads(path.read_text(encoding="utf-8"))
-            checks = [Check(**c) for c in report["verdict"]["checks"]]
+            checks = [Check.from_dict(c) for c in report["verdict"]["checks"]]
             entry.run = RunResult(cfg, Verdict(report["verdict"]["approved"], checks), path.parent, report)
             entry.seconds = float(report.get("seconds") or 0.0)
         else:

@@ -8,7 +8,7 @@ failure, never a pass: a release gate that shrugs at missing evidence approves b
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, Literal
 
@@ -20,11 +20,51 @@ from .results import Details, typed
 
 
 @dataclass(frozen=True)
+class CheckKey:
+    """A check's identity: its gate, the figure it limits (a gate_metrics row's key, or a figure with no row:
+    "failed_checks", "status") and the bucket that figure is measured in, if any (a context length, a depth
+    range, a language, a suite). report.json names it by `name`: the bucket after the metric, joined by
+    `joiner` ("drop@256", "top1@0-512", "bleu_drop_en"); `str(key)` is "gate/name".
+
+    >>> k = CheckKey("retrieval", "drop", "256")
+    >>> str(k), k.name, CheckKey("quality", "bleu_drop", "en", "_").name, str(CheckKey("agreement", "top1"))
+    ('retrieval/drop@256', 'drop@256', 'bleu_drop_en', 'agreement/top1')
+    """
+
+    gate: str
+    metric: str
+    bucket: str | None = None
+    joiner: Literal["@", "_"] = "@"
+
+    @property
+    def name(self) -> str:
+        return self.metric if self.bucket is None else f"{self.metric}{self.joiner}{self.bucket}"
+
+    def __str__(self) -> str:
+        return f"{self.gate}/{self.name}"
+
+    @classmethod
+    def parse(cls, gate: str, name: str) -> "CheckKey":
+        """The key of a check named `name` in stored text (report.json, the measured data): the gate's
+        gate_metrics row whose key the name is, or starts with before a joiner (the longest such key), and
+        the rest as the bucket; a name of no row is the metric itself. `parse(k.gate, k.name) == k` for
+        every key a judge makes (tests/test_judges.py holds it)."""
+        table = next((t for t in TABLES if t.gate == gate), None)
+        keys = [] if table is None else [m.key for m in table.metrics]
+        if name in keys:
+            return cls(gate, name)
+        found = [(k, j) for k in keys for j in ("@", "_") if name.startswith(k + j) and len(name) > len(k) + 1]
+        if not found:
+            return cls(gate, name)
+        key, joiner = max(found, key=lambda f: len(f[0]))
+        return cls(gate, key, name[len(key) + 1:], joiner)  # type: ignore[arg-type]
+
+
+@dataclass(frozen=True)
 class Threshold:
     """One limit on one figure of one gate."""
 
-    gate: str
-    metric: str  # key into GateResult.measurements
+    key: CheckKey  # which check: its gate, its figure (the key into GateResult.measurements: `key.name`) and bucket
     op: Literal["max", "min"]  # "max": the figure must be <= limit; "min": >= limit
     limit: float
     description: str  # what the figure means, in words
@@ -44,6 +84,19 @@ class Threshold:
     #: task): the outcome is "uninformative", stated beside the verdict, never a pass
     informative: bool = True
     why_uninformative: str | None = None
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.key, CheckKey):
+            raise TypeError(f"a threshold's key is a CheckKey (gate, metric, bucket), not {self.key!r}")
+
+    @property
+    def gate(self) -> str:
+        return self.key.gate
+
+    @property
+    def metric(self) -> str:
+        """The figure's name in the gate's measurements and in report.json (`key.name`)."""
+        return self.key.name
 
 
 @dataclass
@@ -101,8 +154,7 @@ class GateResult:
 
 @dataclass(frozen=True)
 class Check:
-    gate: str
-    metric: str
+    key: CheckKey
     description: str
     value: float | None
     lo: float | None
@@ -122,11 +174,26 @@ class Check:
     #: a sized check's centre where its config states one (`Sized.healthy`): the figure a healthy candidate shows
     healthy: float | None = None
 
+    @property
+    def gate(self) -> str:
+        return self.key.gate
+
+    @property
+    def metric(self) -> str:
+        return self.key.name
+
     def to_dict(self) -> dict[str, Any]:
-        d = asdict(self)
+        """report.json's check: "gate" and "metric" (the key's name), then every other field in order."""
+        d = {"gate": self.gate, "metric": self.metric, **{f.name: getattr(self, f.name) for f in fields(self)[1:]}}
         if d["healthy"] is None:  # only where a check states one: a report without it reads the same as before
             del d["healthy"]
         return d
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "Check":
+        """A check read back from report.json (its key parsed from "gate" and "metric": `CheckKey.parse`)."""
+        rest = {k: v for k, v in d.items() if k not in ("gate", "metric")}
+        return cls(CheckKey.parse(d["gate"], d["metric"]), **rest)
 
 
 @dataclass(frozen=True)
@@ -156,11 +223,11 @@ def _fmt(x: float) -> str:
     return f"{x:.6g}"
 
 
-def row_of(gate: str, metric: str) -> Metric | None:
-    """The gate_metrics row a check's metric comes from (`drop@256`, `bleu_drop_en`, `top1@0-512` …)."""
-    table = next((t for t in TABLES if t.gate == gate), None)
-    rows = [] if table is None else [m for m in table.metrics if metric == m.key or metric.startswith((m.key + "@", m.key + "_"))]
-    return max(rows, key=lambda m: len(m.key)) if rows else None
+def row_of(key: CheckKey) -> Metric | None:
+    """The gate_metrics row a check's figure comes from (that of `drop` for `drop@256`), None for a figure
+    with no row."""
+    table = next((t for t in TABLES if t.gate == key.gate), None)
+    return next((m for m in table.metrics if m.key == key.metric), None) if table is not None else None
 
 
 def reference_level(row: Metric) -> float:
@@ -177,7 +244,7 @@ def stated_rates(t: Threshold, est: Estimate | None) -> tuple[float | None, floa
         basis = None if alpha is None else f"sized from the reference's spread at α = {alpha:g}" + (
             "" if healthy is None else f", around the healthy figure {healthy:g} its config states (α there; less at the reference's level)")
         return alpha, t.detectable, basis
-    row = row_of(t.gate, t.metric)
+    row = row_of(t.key)
     if est is None or row is None or not math.isfinite(est.value) or not math.isfinite(t.limit):
         return None, t.detectable, None
     bound = est.hi if t.on == "hi" else est.lo if t.on == "lo" else None
@@ -194,7 +261,7 @@ def _check(t: Threshold, result: GateResult | None) -> Check:
     size, detectable, basis = stated_rates(t, est0)
 
     def make(value: float | None, lo: float | None, hi: float | None, outcome: str, reason: str) -> Check:
-        return Check(t.gate, t.metric, t.description, value, lo, hi, t.op, t.limit, t.source,
+        return Check(t.key, t.description, value, lo, hi, t.op, t.limit, t.source,
                      t.min_detectable_effect, outcome, reason, detectable, t.on, size, basis,  # type: ignore[arg-type]
                      t.detail.get("healthy") if t.source == "sized" else None)
 
@@ -237,12 +304,12 @@ def decide(results: dict[str, GateResult], thresholds: list[Threshold]) -> Verdi
     # a gate that ran into trouble fails even if no threshold names its figures
     for name, r in results.items():
         if r.status != "ok" and not any(t.gate == name for t in thresholds):
-            checks.append(Check(name, "status", "gate ran to completion", None, None, None, "min", 1.0,
+            checks.append(Check(CheckKey(name, "status"), "gate ran to completion", None, None, None, "min", 1.0,
                                 "absolute", None, "fail", f"gate {name} {r.status}: {r.error}"))
     if not checks:
-        checks.append(Check("-", "-", "at least one check", None, None, None, "min", 1.0, "absolute", None,
+        checks.append(Check(CheckKey("-", "-"), "at least one check", None, None, None, "min", 1.0, "absolute", None,
                             "fail", "no gate produced a check: nothing supports an approval"))
     if all(c.outcome == "uninformative" for c in checks):
-        checks.append(Check("-", "-", "at least one informative check", None, None, None, "min", 1.0, "absolute", None,
+        checks.append(Check(CheckKey("-", "-"), "at least one informative check", None, None, None, "min", 1.0, "absolute", None,
                             "fail", "every check was uninformative: nothing supports an approval"))
     return Verdict(approved=all(c.outcome != "fail" for c in checks), checks=checks)

@@ -79,3 +79,30 @@ def test_the_judges_doctests(name: str):
 
     result = doctest.testmod(importlib.import_module(f"qval.judges.{name}"))
     assert result.failed == 0
+
+
+@pytest.mark.parametrize(("report", "check", "decision"), STORED)
+def test_a_check_is_a_typed_key_that_its_stored_name_reads_back_to(report: str, check: str, decision: str):
+    """Every threshold a judge makes carries its key (gate, metric, bucket); report.json's "metric" is the key's
+    name, read back to the same key (`CheckKey.parse`, for stored reports and the measured data), and the
+    gate_metrics row found from the key is the one the name's longest prefix named before keys were typed."""
+    from qval.gate_metrics import TABLES
+    from qval.judges import thresholds_for
+    from qval.verdict import Check, CheckKey, row_of
+
+    def by_prefix(gate: str, metric: str):  # verdict.row_of before issue 52
+        table = next((t for t in TABLES if t.gate == gate), None)
+        rows = [] if table is None else [m for m in table.metrics if metric == m.key or metric.startswith((m.key + "@", m.key + "_"))]
+        return max(rows, key=lambda m: len(m.key)) if rows else None
+
+    r = json.loads((ROOT / report).read_text(encoding="utf-8"))
+    results = {k: GateResult.from_dict(d) for k, d in r["gates"].items()}
+    ts = thresholds_for(load_config(ROOT / check), results)
+    assert {t.key.bucket for t in ts} > {None} and {t.key.joiner for t in ts} == {"@", "_"}  # buckets of both kinds
+    for t in ts:
+        assert isinstance(t.key, CheckKey) and CheckKey.parse(t.gate, t.metric) == t.key, t.key
+        assert row_of(t.key) is by_prefix(t.gate, t.metric), t.key
+    stored = r["verdict"]["checks"]
+    assert [Check.from_dict(c).to_dict() for c in stored] == stored
+    with pytest.raises(TypeError, match="CheckKey"):
+        type(ts[0])("agreement", "top1", "min", 0.9, "top-1")  # type: ignore[arg-type]

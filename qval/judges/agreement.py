@@ -16,7 +16,7 @@ from ..metrics import (delta_p_summary, kld_summary, mean_estimate, proportion,
 from ..metrics.agreement import kld_bound_details
 from ..metrics.estimate import Estimate
 from ..results import AgreementDetails
-from ..verdict import GateResult, Threshold
+from ..verdict import CheckKey, GateResult, Threshold
 
 
 def enabled(cfg: GateConfig) -> bool:
@@ -52,5 +52,5 @@ def histogram(kld: np.ndarray, bins: int = 40) -> dict[str, list[float]]:
 
 def thresholds(cfg: GateConfig, result: GateResult | None) -> list[Threshold]:
     g = cfg.gates.agreement
-    return [Threshold("agreement", m.key, m.op, limit, m.label, on=m.on)
+    return [Threshold(CheckKey("agreement", m.key), m.op, limit, m.label, on=m.on)
             for m in AGREEMENT.metrics if (limit := getattr(g, m.field)) is not None]

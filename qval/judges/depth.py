@@ -18,7 +18,7 @@ from ..metrics.agreement import kld_bound_details
 from ..metrics.estimate import Estimate
 from ..results import DepthDetails, parse
 from ..results.depth import Window
-from ..verdict import GateResult, Threshold
+from ..verdict import CheckKey, GateResult, Threshold
 
 
 #: a position whose KLD is at most this is "the same distribution" (float rounding of one model)
@@ -130,6 +130,6 @@ def thresholds(cfg: GateConfig, result: GateResult | None) -> list[Threshold]:
     said = where_it_diverges(cfg, result)
     for lo, hi in bucket_spans(g.edges, g.ctx - 1):
         label, where = bucket_label(lo, hi), f"at context depths {lo}–{hi}" + (f" ({said})" if said else "")
-        out += [Threshold("depth", f"{m.key}@{label}", m.op, limit, m.describe(where=where), on=m.on)
+        out += [Threshold(CheckKey("depth", m.key, label), m.op, limit, m.describe(where=where), on=m.on)
                 for m in DEPTH.metrics if (limit := getattr(g, m.field)) is not None]
     return out

@@ -8,7 +8,7 @@ Torch-free: a test imports it with torch blocked.
 from __future__ import annotations
 
 from ..config import GateConfig
-from ..verdict import GateResult, Threshold
+from ..verdict import CheckKey, GateResult, Threshold
 
 EXPORTING_BACKENDS = ("export", "tensorrt_llm")
 NAME = "export_fidelity"
@@ -19,5 +19,5 @@ def enabled(cfg: GateConfig) -> bool:
 
 
 def thresholds(cfg: GateConfig, result: GateResult | None) -> list[Threshold]:
-    return [Threshold(NAME, "failed_checks", "max", 0, "fidelity checks of the exported checkpoint that failed"),
-            Threshold(NAME, "weight_mismatches", "max", 0, "exported weights that decode to another value than the calibrated quantizer's")]
+    return [Threshold(CheckKey(NAME, "failed_checks"), "max", 0, "fidelity checks of the exported checkpoint that failed"),
+            Threshold(CheckKey(NAME, "weight_mismatches"), "max", 0, "exported weights that decode to another value than the calibrated quantizer's")]

@@ -17,7 +17,7 @@ from ..metrics import detect_loop, distinct_n, mean_estimate, median_estimate, s
 from ..metrics.agreement import BOUND_FIELDS, kld_bound_details
 from ..metrics.estimate import Estimate
 from ..results import LonggenDetails, parse
-from ..verdict import GateResult, Threshold
+from ..verdict import CheckKey, GateResult, Threshold
 
 
 def enabled(cfg: GateConfig) -> bool:
@@ -202,16 +202,16 @@ def _sized(m: Metric, limit: Sized, z: dict[str, Any]) -> Threshold:
     if n < 2 and rule.scale_by_n:
         # one prompt gives no rate to size against: the count falls back to the strict limit
         # (no more than the reference), which is what sizing gives when the reference never does it
-        return Threshold("longgen", m.key, m.op, ref, f"{m.label} (one prompt: cannot be sized, strict limit {ref:g})",
+        return Threshold(CheckKey("longgen", m.key), m.op, ref, f"{m.label} (one prompt: cannot be sized, strict limit {ref:g})",
                          "sized", None, {"sigma": None, "n": n, "alpha": limit.alpha, "beta": limit.beta, "relative_to": ref,
                                          "healthy": limit.healthy})
     try:
         s = sized_threshold(0.0, sigma, n, alpha=limit.alpha, beta=limit.beta, higher_is_better=False)
     except ValueError as err:
-        return Threshold("longgen", m.key, m.op, float("nan"), f"{m.label} (cannot be sized: {err})", "sized")
+        return Threshold(CheckKey("longgen", m.key), m.op, float("nan"), f"{m.label} (cannot be sized: {err})", "sized")
     scale = n if rule.scale_by_n else 1
     effect = s.min_detectable_effect * scale
-    return Threshold("longgen", m.key, m.op, ref + s.threshold * scale, m.label, "sized",
+    return Threshold(CheckKey("longgen", m.key), m.op, ref + s.threshold * scale, m.label, "sized",
                      effect, {"sigma": sigma, "n": n, "alpha": limit.alpha, "beta": limit.beta, "relative_to": ref,
                               "healthy": limit.healthy, "sized_from": rule.basis},
                      detectable=ref + effect)
@@ -233,11 +233,11 @@ def thresholds(cfg: GateConfig, result: GateResult | None) -> list[Threshold]:
             if usable:
                 out.append(_sized(m, limit, _details(result).sizing.to_dict()))  # type: ignore[arg-type]
             else:
-                out.append(Threshold("longgen", m.key, m.op, float("nan"), m.label, "sized"))
+                out.append(Threshold(CheckKey("longgen", m.key), m.op, float("nan"), m.label, "sized"))
         else:
             rule = _details(result).loop_rule if usable else None  # type: ignore[arg-type]
             teacher_forced = m.on != "value"  # late top-1, late KLD, drift: figures on the reference's continuation
             ok = not teacher_forced or rule is None or rule.informative
-            out.append(Threshold("longgen", m.key, m.op, float(limit), m.label, on=m.on, informative=ok,
+            out.append(Threshold(CheckKey("longgen", m.key), m.op, float(limit), m.label, on=m.on, informative=ok,
                                  why_uninformative=None if ok or rule is None else rule.why))
     return out

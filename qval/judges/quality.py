@@ -18,7 +18,7 @@ from ..metrics.estimate import Estimate
 from ..metrics.perplexity import ppl_ratio
 from ..results import QualityDetails, parse
 from ..results.quality import LangGroup
-from ..verdict import GateResult, Threshold
+from ..verdict import CheckKey, GateResult, Threshold
 
 
 def enabled(cfg: GateConfig) -> bool:
@@ -51,7 +51,7 @@ def _sized_ppl(limit: Sized, result: GateResult) -> Threshold:
     sigma_d, n = p.sigma_nll_diff, p.positions
     h = limit.healthy if limit.healthy is not None else 1.0
     s = sized_threshold(0.0, sigma_d / math.sqrt(2.0), n, alpha=limit.alpha, beta=limit.beta, higher_is_better=False)
-    return Threshold("quality", _PPL.key, _PPL.op, h * math.exp(s.threshold), _PPL.label,
+    return Threshold(CheckKey("quality", _PPL.key), _PPL.op, h * math.exp(s.threshold), _PPL.label,
                      "sized", math.exp(s.min_detectable_effect) - 1.0,
                      {"sigma_nll_diff": sigma_d, "n": n, "alpha": limit.alpha, "beta": limit.beta, "healthy": limit.healthy,
                       "effect_unit": "relative PPL increase (ratio − 1)", "test": "paired, one-sided, on log PPL"},
@@ -67,7 +67,7 @@ def _sized_drop(m: Metric, lang_key: str, limit: Sized, result: GateResult, what
     sigma, n = grp.sentence_sigma(score), grp.sentences
     h = limit.healthy or 0.0
     s = sized_threshold(0.0, sigma, n, alpha=limit.alpha, beta=limit.beta, higher_is_better=False)
-    return Threshold("quality", f"{m.key}_{lang_key}", m.op, h + s.threshold, what, "sized", s.min_detectable_effect,
+    return Threshold(CheckKey("quality", m.key, lang_key, "_"), m.op, h + s.threshold, what, "sized", s.min_detectable_effect,
                      {"sigma": sigma, "n": n, "alpha": limit.alpha, "beta": limit.beta, "healthy": limit.healthy,
                       "effect_unit": f"{score} points"},
                      detectable=h + s.min_detectable_effect)
@@ -86,19 +86,19 @@ def thresholds(cfg: GateConfig, result: GateResult | None) -> list[Threshold]:
         out.append(_sized_ppl(g.max_ppl_ratio, result))  # type: ignore[arg-type]
     elif g.max_ppl_ratio is not None:
         limit = g.max_ppl_ratio if isinstance(g.max_ppl_ratio, float) else float("nan")
-        out.append(Threshold("quality", _PPL.key, _PPL.op, limit, _PPL.label))
+        out.append(Threshold(CheckKey("quality", _PPL.key), _PPL.op, limit, _PPL.label))
     for m in _DROPS:
         limit = getattr(g, m.field)
         if limit is None:
             continue
         langs = sorted(_groups(result)) if usable else []  # type: ignore[arg-type]
         if not langs:  # the gate did not produce groups: one check that fails and says why
-            out.append(Threshold("quality", m.key, m.op, limit if isinstance(limit, float) else float("nan"),
+            out.append(Threshold(CheckKey("quality", m.key), m.op, limit if isinstance(limit, float) else float("nan"),
                                  m.describe(per="")))
         for lang in langs:
             what = m.describe(per=f" on the {lang} prompts, points")
             if isinstance(limit, Sized):
                 out.append(_sized_drop(m, lang, limit, result, what))  # type: ignore[arg-type]
             else:
-                out.append(Threshold("quality", f"{m.key}_{lang}", m.op, float(limit), what))
+                out.append(Threshold(CheckKey("quality", m.key, lang, "_"), m.op, float(limit), what))
     return out

@@ -16,7 +16,7 @@ from ..metrics import (mean_estimate)
 from ..metrics.estimate import Estimate
 from ..metrics.paired import PairedCounts, noninferiority, paired_counts, wilson_interval
 from ..results import RetrievalDetails, parse
-from ..verdict import GateResult, Threshold
+from ..verdict import CheckKey, GateResult, Threshold
 
 
 def enabled(cfg: GateConfig) -> bool:
@@ -92,17 +92,18 @@ def thresholds(cfg: GateConfig, result: GateResult | None) -> list[Threshold]:
     g = cfg.gates.retrieval
     out = []
     per, pooled, kld = (RETRIEVAL.by_field(f) for f in ("margin", "margin_overall", "max_answer_kld"))
-    targets: list[tuple[str, int | None, float | None]] = [(f"{per.key}@{L}", L, g.margin) for L in g.lengths]
-    targets.append((pooled.key, None, g.margin_overall))
-    for metric, length, margin in targets:
+    targets: list[tuple[CheckKey, int | None, float | None]] = [(CheckKey("retrieval", per.key, str(L)), L, g.margin)
+                                                                for L in g.lengths]
+    targets.append((CheckKey("retrieval", pooled.key), None, g.margin_overall))
+    for key, length, margin in targets:
         if margin is None:
             continue
         m = per if length else pooled
         ok, why = _informative(cfg, result, length)
-        det = _detectable(result, metric, length)
+        det = _detectable(result, key.name, length)
         where = f"at {length} tokens of context" if length else "over the whole matrix"
-        out.append(Threshold("retrieval", metric, m.op, margin, m.describe(where=where, level=f"{1 - g.alpha:.0%}"),
+        out.append(Threshold(key, m.op, margin, m.describe(where=where, level=f"{1 - g.alpha:.0%}"),
                              "absolute", det, on=m.on, informative=ok, why_uninformative=why, detectable=det))
     if g.max_answer_kld is not None:
-        out.append(Threshold("retrieval", kld.key, kld.op, g.max_answer_kld, kld.label, on=kld.on))
+        out.append(Threshold(CheckKey("retrieval", kld.key), kld.op, g.max_answer_kld, kld.label, on=kld.on))
     return out

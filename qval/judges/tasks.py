@@ -18,7 +18,7 @@ from ..metrics.paired import (PairedCounts, informative, loglik_noninferiority, 
                              paired_counts)
 from ..results import parse
 from ..results.tasks import ScoreDrop, Suite, TasksDetails
-from ..verdict import GateResult, Threshold
+from ..verdict import CheckKey, GateResult, Threshold
 
 
 def enabled(cfg: GateConfig) -> bool:
@@ -68,11 +68,11 @@ def thresholds(cfg: GateConfig, result: GateResult | None) -> list[Threshold]:
         ok, why = _informative(suite, s)
         det = s.drop.detectable_drop if s else None
         what = "accuracy drop (reference − candidate)" if s is None or not s.scored else f"drop in {s.score.unit}"
-        out.append(Threshold("tasks", f"{drop.key}@{suite.label}", drop.op, suite.margin,
+        out.append(Threshold(CheckKey("tasks", drop.key, suite.label), drop.op, suite.margin,
                              drop.describe(what=what, suite=suite.label, level=f"{1 - suite.alpha:.0%}"), "absolute",
                              det, on=drop.on, informative=ok, why_uninformative=why, detectable=det))
         if suite.max_flip_rate is not None:
-            out.append(Threshold("tasks", f"{flips.key}@{suite.label}", flips.op, suite.max_flip_rate,
+            out.append(Threshold(CheckKey("tasks", flips.key, suite.label), flips.op, suite.max_flip_rate,
                                  flips.describe(suite=suite.label), on=flips.on, informative=ok, why_uninformative=why))
     return out
 

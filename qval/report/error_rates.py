@@ -40,22 +40,23 @@ def measured() -> dict[str, dict[str, Any]]:
 def check_limits(cfg: Any, keys: list[str]) -> dict[str, dict[str, Any]]:
     """Each check's limit as the config `cfg` sets it: {"limit": x} for an absolute limit, {"alpha", "healthy"} for
     a sized one; `keys` as the verdict names checks (`gate/metric`, `depth/top1@0-512`, `retrieval/drop@256`)."""
-    from ..verdict import row_of
+    from ..verdict import CheckKey, row_of
 
     out = {}
-    for key in keys:
-        gate, metric = key.split("/")
-        section = getattr(cfg.gates, gate)
-        if gate == "retrieval":
-            limit = section.margin if "@" in metric else section.margin_overall
-        elif gate == "tasks":
-            limit = next(s.margin for s in section.suites if s.label == metric.split("@")[1])
+    for name in keys:
+        key = CheckKey.parse(*name.split("/"))
+        section = getattr(cfg.gates, key.gate)
+        if key.gate == "retrieval" and key.metric == "drop":
+            limit = section.margin if key.bucket is not None else section.margin_overall
+        elif key.gate == "tasks":
+            suite = next(s for s in section.suites if s.label == key.bucket)
+            limit = suite.margin if key.metric == "drop" else suite.max_flip_rate
         else:
-            row = row_of(gate, metric)
+            row = row_of(key)
             if row is None:
-                raise KeyError(f"{key}: no gate_metrics row")
+                raise KeyError(f"{name}: no gate_metrics row")
             limit = getattr(section, row.field)
-        out[key] = ({"alpha": limit.alpha, "healthy": limit.healthy} if getattr(limit, "sized", False)
+        out[name] = ({"alpha": limit.alpha, "healthy": limit.healthy} if getattr(limit, "sized", False)
                     else {"limit": limit})
     return out
 

@@ -13,7 +13,7 @@ from qval.config import load_config, parse_config
 from qval.diagnostics import fallback
 from qval.diagnostics.fallback import Budget, search
 from qval.pipeline import RunResult
-from qval.verdict import GateResult, Threshold, decide
+from qval.verdict import CheckKey, GateResult, Threshold, decide
 
 from ..conftest import ROOT
 
@@ -66,7 +66,7 @@ def scripted(monkeypatch, tmp_path):
             or any(f"*{p}.*" in cfg.quant.exclude for p in state.get("fixing_parts", ()))
         kld = 0.01 if fixed else 0.2
         result = GateResult("agreement", "ok", measurements={"mean_kld": _est(kld)})
-        verdict = decide({"agreement": result}, [Threshold("agreement", "mean_kld", "max", 0.05, "mean KLD")])
+        verdict = decide({"agreement": result}, [Threshold(CheckKey("agreement", "mean_kld"), "max", 0.05, "mean KLD")])
         folder = tmp_path / "runs" / cfg.name
         folder.mkdir(parents=True, exist_ok=True)
         deltas = state["deltas"] if sensitivity in ("always", "auto") and not fixed else None

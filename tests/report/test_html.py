@@ -19,7 +19,7 @@ import pytest
 from qval.diagnostics.scales import COLUMNS, rules_doc
 from qval.judges.agreement import summarize
 from qval.report.html import render_html
-from qval.verdict import GateResult, Threshold, decide
+from qval.verdict import CheckKey, GateResult, Threshold, decide
 
 IMG = re.compile(r'<img src="data:image/svg\+xml;base64,([A-Za-z0-9+/=]+)"')
 
@@ -39,8 +39,8 @@ def sample_report() -> dict:
                 "ref_loops": 0, "cand_loops": 1 if s > 1000 else 0} for s in range(0, 2048, 256)]
     longgen = GateResult("longgen", "ok", details={"windows": windows})
     results = {"agreement": agreement, "quality": quality, "longgen": longgen}
-    verdict = decide(results, [Threshold("agreement", "mean_kld", "max", 0.001, "mean KLD(ref‖cand) per scored token, nats"),
-                               Threshold("agreement", "top1", "min", 0.5, "top-1 agreement")])
+    verdict = decide(results, [Threshold(CheckKey("agreement", "mean_kld"), "max", 0.001, "mean KLD(ref‖cand) per scored token, nats"),
+                               Threshold(CheckKey("agreement", "top1"), "min", 0.5, "top-1 agreement")])
     rows = []
     for layer in range(4):
         for part in ("self_attn.q_proj", "mlp.down_proj"):

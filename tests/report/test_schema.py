@@ -8,7 +8,7 @@ from pathlib import Path
 from qval.config import parse_config
 from qval.gates import data_identities
 from qval.report import schema
-from qval.verdict import GateResult, Threshold, decide
+from qval.verdict import CheckKey, GateResult, Threshold, decide
 
 from ..conftest import small_config
 
@@ -19,7 +19,7 @@ def test_keys_and_their_order_are_those_of_a_real_report():
     """The real fixture was written by the pipeline before the schema had its own module."""
     cfg = parse_config(small_config("s", fmt="fp8"), "<schema test>")
     results = {"agreement": GateResult("agreement", "ok")}
-    verdict = decide(results, [Threshold("agreement", "top1", "min", 0.9, "top-1")])
+    verdict = decide(results, [Threshold(CheckKey("agreement", "top1"), "min", 0.9, "top-1")])
     r = schema.build_report(cfg, verdict, results, reference={"fingerprint": "ab"}, engine=None, calibration=None,
                             stages={}, environment={"versions": {}, "device": "cpu"}, numerics={"mode": "cpu"},
                             diagnostics=None, seconds=1.234, data=data_identities(cfg))
@@ -54,7 +54,7 @@ def test_the_measured_rates_are_looked_up_by_the_check_file_and_the_run_not_the_
     cfg = cfg.model_copy(update={"name": f"{cfg.name}-fallback1",
                                  "quant": cfg.quant.model_copy(update={"exclude": [*cfg.quant.exclude, "*mlp.down_proj.*"]})})
     results = {"agreement": GateResult("agreement", "ok")}
-    verdict = decide(results, [Threshold("agreement", "top1", "min", 0.84, "top-1")])
+    verdict = decide(results, [Threshold(CheckKey("agreement", "top1"), "min", 0.84, "top-1")])
     builtin = {"name": "SmolLM2", "fingerprint": BUILTIN_MODEL, "compute_dtype": "float32"}
 
     def rates(c, reference=builtin):
