@@ -8,6 +8,8 @@ Each failure is a `ServerError` or `ModelError` (exit 2) that says what to do.
 
 from __future__ import annotations
 
+import copy
+import hashlib
 import os
 import shutil
 import subprocess
@@ -16,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import ConfigError, ModelError
-from ..io import atomic_write_json, hash_json, read_json, tree_fingerprint
+from ..io import atomic_write_json, file_fingerprint, hash_json, read_json, tree_fingerprint
 from .api import Client, ServerError
 from .base import BuildContext
 from .checkpoint import PROBE
@@ -24,7 +26,7 @@ from .served import ServedEngine
 from ..backends import LaunchOptions, ServedOptions
 from .server import LaunchedServer, free_port, port_in_use, python_of, vllm_command
 
-FOLDER_VERSION = 1
+FOLDER_VERSION = 2  # 2: the folder's config.json declares no quantization (its weights are float)
 SERVED_NAME = "qval-candidate"  # the model's name in the API of a server qval starts
 WEIGHT_FILES = ("*.json", "*.safetensors", "*.model", "*.txt", "*.jinja")
 
@@ -40,7 +42,7 @@ def reference_folder(reference: Any, root: Path) -> Path:
     dest = root / key[:16]
     marker = dest / "qval-folder.json"
     try:
-        if read_json(marker).get("key") == key and tree_fingerprint(dest, WEIGHT_FILES) == read_json(marker).get("files"):
+        if read_json(marker).get("key") == key and _contents(dest, marker) == read_json(marker).get("files"):
             return dest
     except (OSError, ValueError, AttributeError):
         pass
@@ -49,8 +51,14 @@ def reference_folder(reference: Any, root: Path) -> Path:
     try:
         # a fresh module tree holding the reference's own tensors (no copy): transformers refuses to save a
         # GGUF-loaded model, and the reference itself is never modified
+        config = copy.deepcopy(reference.model.config)
+        # the folder holds the weights as the reference computes with them, in float: a quantization the source
+        # declared (transformers ≥ 5.15 keeps {"quant_method": "gguf"} on a model loaded from a GGUF) would make a
+        # server refuse the folder (vLLM 0.26: "Unknown quantization method: gguf") or read it as quantized
+        if getattr(config, "quantization_config", None) is not None:
+            del config.quantization_config
         with torch.device("meta"):
-            fresh = AutoModelForCausalLM.from_config(reference.model.config, dtype=dtype)
+            fresh = AutoModelForCausalLM.from_config(config, dtype=dtype)
         fresh.load_state_dict(reference.model.state_dict(), assign=True)
         fresh.generation_config = reference.model.generation_config
         fresh.save_pretrained(tmp, safe_serialization=True)
@@ -62,8 +70,18 @@ def reference_folder(reference: Any, root: Path) -> Path:
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-    atomic_write_json(marker, {"key": key, "files": tree_fingerprint(dest, WEIGHT_FILES)})
+    atomic_write_json(marker, {"key": key, "files": _contents(dest, marker)})
     return dest
+
+
+def _contents(folder: Path, marker: Path) -> str:
+    """The fingerprint of a written folder's files without its marker (a *.json written after the fingerprint is
+    taken: with it included, a whole folder never matched its marker and was written again on every run)."""
+    h = hashlib.sha256()
+    for p in sorted({p for pat in WEIGHT_FILES for p in folder.rglob(pat) if p.is_file() and p != marker}):
+        h.update(str(p.relative_to(folder)).encode())
+        h.update(file_fingerprint(p).encode())
+    return h.hexdigest()
 
 
 def model_folder(ctx: BuildContext, launch: LaunchOptions) -> tuple[Path, dict[str, Any], Any]:
