@@ -13,6 +13,7 @@ decides whether the one predicts the other (issue 50). Runs on the lent GPU mach
 
     python3 benchmarks/served_gpu.py run PHASE --work /tmp/sg [--deadline S]   # jobs of PHASE; status in WORK/status.json
     python3 benchmarks/served_gpu.py table --work /tmp/sg --out FILE.json       # the side-by-side table of every report
+    python3 benchmarks/served_gpu.py markdown benchmarks/results/h100_served_gpu  # RESULTS' tables from a stored run
 
 Each job writes its log and, for a gate, its run folder under WORK; `table` reads the report.json files only.
 Every figure it prints comes from those files; nothing is typed in.
@@ -382,6 +383,53 @@ def table(work: Path, out: Path) -> None:
         print(pair, {k: round(v, 3) for k, v in r.items()})
 
 
+def stored(folder: Path) -> dict[str, dict[str, Any]]:
+    """`figures` of every report a run left in `folder` (`NAME.report.json.gz`, as benchmarks/results keeps them)."""
+    import gzip
+
+    return {p.name.removesuffix(".report.json.gz"): figures(json.loads(gzip.decompress(p.read_bytes())))
+            for p in sorted(folder.glob("*.report.json.gz"))}
+
+
+def markdown(folder: Path) -> str:
+    """RESULTS' tables from a stored run: simulation against engine check by check (with engine ÷ simulation for
+    each KLD figure), the same served candidate run to run, and the FP8 attention path computed apart."""
+    rows = stored(folder)
+    fmt = lambda c: "–" if c is None else f"{c['value']:.4g}" + {"fail": " ✗", "uninformative": " (u)"}.get(c["outcome"], "")
+    out = []
+    for kv, (engine, sims) in zip(("FP8", "BF16"), PAIRS.items()):
+        cols = [s for s in sims if s in rows] + ([engine] if engine in rows else [])
+        if engine not in rows:
+            continue
+        out += [f"**KV cache {kv}** — " + ", ".join(f"`{c}`" for c in cols), "",
+                "| check | " + " | ".join(c.removeprefix("sim_").removeprefix("served_") for c in cols) + " | engine ÷ " + sims[0].removeprefix("sim_") + " |",
+                "|---" * (len(cols) + 2) + "|"]
+        for key in rows[engine]["checks"]:
+            vals = [rows[c]["checks"].get(key) for c in cols]
+            ratio = ""
+            a, b = rows[engine]["checks"].get(key), rows.get(sims[0], {}).get("checks", {}).get(key)
+            if "kld" in key and a and b and b["value"]:
+                ratio = f"{a['value'] / b['value']:.2f}"
+            out.append(f"| {key} | " + " | ".join(fmt(v) for v in vals) + f" | {ratio} |")
+        out.append("| verdict | " + " | ".join(rows[c]["decision"] for c in cols) + " | |")
+        out.append("")
+    repeat = [n for n in ("served_vllm_fp8", "served_same_run1", "served_same_run2", "served_kv_x1000") if n in rows]
+    if repeat:
+        keys = [k for k in rows[repeat[0]]["checks"] if k.startswith(("agreement/", "depth/"))]
+        out += ["**Run to run** (the FP8-KV export; `served_same_run1/2`: one server twice; `served_kv_x1000`: its K/V "
+                "scales × 1000)", "", "| check | " + " | ".join(repeat) + " |", "|---" * (len(repeat) + 1) + "|"]
+        out += [f"| {k} | " + " | ".join(fmt(rows[n]["checks"].get(k)) for n in repeat) + " |" for k in keys]
+        out.append("")
+    emul = folder / "fa3_fp8_emulation.json"
+    if emul.is_file():
+        e = json.loads(emul.read_text())
+        out += [f"**The FP8 attention path computed apart** ({e['device']}, {e['tokens_scored']} positions, ctx {e['ctx']}, "
+                f"key blocks of {e['block']}; bf16 weights, nothing else quantized)", "",
+                "| path | mean KLD | p99 KLD | top-1 |", "|---|---|---|---|"]
+        out += [f"| {m} | {v['mean_kld']:.4f} | {v['p99_kld']:.4f} | {v['top1']:.4f} |" for m, v in e["modes"].items()]
+    return "\n".join(out)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     sub = ap.add_subparsers(dest="cmd", required=True)
@@ -392,7 +440,12 @@ def main(argv: list[str] | None = None) -> int:
     t = sub.add_parser("table")
     t.add_argument("--work", type=Path, default=Path("/tmp/sg"))
     t.add_argument("--out", type=Path, required=True)
+    m = sub.add_parser("markdown", help="RESULTS' tables from a stored run (benchmarks/results/h100_served_gpu)")
+    m.add_argument("folder", type=Path)
     args = ap.parse_args(argv)
+    if args.cmd == "markdown":
+        print(markdown(args.folder))
+        return 0
     if args.cmd == "table":
         table(args.work, args.out)
         return 0
