@@ -5,7 +5,7 @@ decides whether the one predicts the other (issue 50). Runs on the lent GPU mach
     sim      the candidates of checks/gpu/served_vllm_fp8{,_kvfp16}.yaml gated in qval's process (fakequant and
              realquant: the same file, the engine swapped), and the reference written as a bfloat16 folder
     served   the two shipped served checks as a user runs them (qval calibrates, exports, starts vLLM, gates, stops it)
-    extras   the export's K/V scales x1000 served (does vLLM apply them?); the FP8-KV check again on a fresh server;
+    extras   the export's K/V scales x1000 and /1000 served (does vLLM apply them?); the FP8-KV check again on a fresh server;
              one server scored twice, plain and in vLLM's batch-invariant mode; a served bfloat16 reference
     speed8b  an 8B-shaped FP8 candidate with random weights (--load-format dummy) against an 8B-shaped bfloat16 reference
              served the same way: the server's own prefill / decode / scoring rates, a bf16 matmul's rate as the
@@ -152,10 +152,21 @@ class Phase:
         (work / "logs").mkdir(parents=True, exist_ok=True)
 
     def note(self, name: str, **facts: Any) -> None:
+        """Record `facts` of one job in WORK/status.json, merged under a lock with what other phases (other
+        processes, running at the same time) wrote there: each phase rewrites only its own jobs' entries."""
+        import fcntl
+
         self.status.setdefault(name, {}).update(facts)
-        tmp = self.status_path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(self.status, indent=1))
-        tmp.replace(self.status_path)
+        with open(self.work / "status.lock", "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            try:
+                current = json.loads(self.status_path.read_text())
+            except (OSError, ValueError):
+                current = {}
+            current[name] = self.status[name]
+            tmp = self.status_path.with_suffix(f".{os.getpid()}.tmp")
+            tmp.write_text(json.dumps(current, indent=1))
+            tmp.replace(self.status_path)
 
     def gate(self, cfg: dict[str, Any], extra_env: dict[str, str] | None = None) -> subprocess.Popen | None:
         """Start `qval gate` on `cfg` in the background; None if the deadline leaves no time."""
@@ -212,6 +223,9 @@ def phase_extras(ph: Phase) -> None:
     work = ph.work
     export = find_export(work, "served_vllm_fp8")
     x1000 = scaled_export(export, work / "export_kv_x1000", 1000.0)
+    # E4M3 is a floating-point format: x 1000 only pushes small values into its subnormals (a weak probe, seen on the
+    # H100); / 1000 saturates every K and V at ±448 x scale, which no server applying the scales can hide
+    div1000 = scaled_export(export, work / "export_kv_div1000", 0.001)
     # the independent computation of the FP8 attention path (its own process, beside the servers)
     emul_log = open(work / "logs" / "fa3_fp8_emulation.log", "wb")
     emul = subprocess.Popen([sys.executable, str(ROOT / "benchmarks/fa3_fp8_emulation.py"), "--export", str(export),
@@ -223,6 +237,10 @@ def phase_extras(ph: Phase) -> None:
     procs = [ph.gate(variant(KV8, "served_kv_x1000", gates_only=["agreement"],
                              engine={"backend": "served", "options": {"top_k": 128, "launch": {
                                  "model": str(x1000), "dtype": "bfloat16", "kv_cache_dtype": "fp8", "quantization": "modelopt",
+                                 "args": MEMORY}}})),
+             ph.gate(variant(KV8, "served_kv_div1000", gates_only=["agreement"],
+                             engine={"backend": "served", "options": {"top_k": 128, "launch": {
+                                 "model": str(div1000), "dtype": "bfloat16", "kv_cache_dtype": "fp8", "quantization": "modelopt",
                                  "args": MEMORY}}})),
              ph.gate(variant(KV8, "served_vllm_fp8_fresh2"))]
     # (3) one server, scored twice (gates 1 and depth), plain and batch-invariant

@@ -10,7 +10,7 @@
 #   mkdir -p .g1 .g2; head -c 49181216 $GGUF > .g1/part_aa; tail -c +49181217 $GGUF > .g2/part_ab
 # Calls (each `bash benchmarks/served_gpu_device.sh VERB …`, carry as named):
 #   [.whl .vp0] keep   [.g1] keep   [.g2] start sim:600   [.vp1] keep   [.vp2] keep   [.vp3] keep
-#   [.vp4] start served:420,extras:330,speed8b:300   then   wait 570   until no phase runs
+#   [.vp4] start served:600,extras:480,speed8b:420   then   wait 570   until no phase runs
 # Verbs:
 #   keep            install .whl/ into /tmp/site; keep GGUF and vLLM parts; the GGUF assembled, vLLM installed (6 s)
 #                   into $HOME/vsite once all their parts are here (sha256 checked)
@@ -68,7 +68,7 @@ collect() {
   ( cd "$qv" && PYTHONPATH="$SITE:$qv" python3 benchmarks/served_gpu.py table --work "$WORK" --out "$OUT/served_gpu.json" ) 2>&1 | tail -n 30
   cp "$WORK/status.json" "$OUT/" 2>/dev/null
   ( cd "$WORK" && tar czf "$OUT/sg.tar.gz" --exclude='*.safetensors' --exclude='*.npy' --exclude='*.npz' --exclude='*.pt' \
-      --exclude='*.bin' --exclude='*.gguf' --exclude='export_kv_x1000' --exclude='ref_bf16' --exclude='l8b' \
+      --exclude='*.bin' --exclude='*.gguf' --exclude='export_kv_x1000' --exclude='export_kv_div1000' --exclude='ref_bf16' --exclude='l8b' \
       status.json configs logs phase_*.log $(ls fa3_fp8_emulation.json 2>/dev/null) $(cd "$WORK" && find runs -name report.json -o -name report.md -o -name server.log 2>/dev/null) )
   ls -la "$OUT"
 }
