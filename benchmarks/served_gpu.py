@@ -234,14 +234,11 @@ def phase_extras(ph: Phase) -> None:
     emul.qval_name, emul.qval_t0 = "fa3_fp8_emulation", time.time()  # type: ignore[attr-defined]
     ph.note("fa3_fp8_emulation", state="running")
     # (1) vLLM applies the export's K/V scales: the same export with scales x1000, gate 1 only; (2) a fresh server
-    procs = [ph.gate(variant(KV8, "served_kv_x1000", gates_only=["agreement"],
-                             engine={"backend": "served", "options": {"top_k": 128, "launch": {
-                                 "model": str(x1000), "dtype": "bfloat16", "kv_cache_dtype": "fp8", "quantization": "modelopt",
-                                 "args": MEMORY}}})),
-             ph.gate(variant(KV8, "served_kv_div1000", gates_only=["agreement"],
-                             engine={"backend": "served", "options": {"top_k": 128, "launch": {
-                                 "model": str(div1000), "dtype": "bfloat16", "kv_cache_dtype": "fp8", "quantization": "modelopt",
-                                 "args": MEMORY}}})),
+    def gate1_of(name: str, folder: Path) -> dict[str, Any]:
+        launch = {"model": str(folder), "dtype": "bfloat16", "kv_cache_dtype": "fp8", "quantization": "modelopt", "args": MEMORY}
+        return variant(KV8, name, gates_only=["agreement"], engine={"backend": "served", "options": {"top_k": 128, "launch": launch}})
+
+    procs = [ph.gate(gate1_of("served_kv_x1000", x1000)), ph.gate(gate1_of("served_kv_div1000", div1000)),
              ph.gate(variant(KV8, "served_vllm_fp8_fresh2"))]
     # (3) one server, scored twice (gates 1 and depth), plain and batch-invariant
     for tag, env in (("same", {}), ("batchinv", {"VLLM_BATCH_INVARIANT": "1"})):
