@@ -3,7 +3,7 @@
 Needs vLLM's own environment: $QVAL_VLLM_PYTHON (`.ci/run` builds it and sets QVAL_REQUIRE_VLLM=1, which
 turns a missing vLLM from a skip into a failure). One output folder for the module: the reference's work
 goes into one snapshot, computed once and read by every served candidate. The runs are the shipped check
-cut down (`variant`): gate 1, depth and retrieval as shipped, gates 2, 3 and 4 at a few prompts each
+cut down (`variant`): gates 1 and 4, depth and retrieval as shipped, gates 2 and 3 at a few prompts each
 (`CUT`: what the first test reads of them is that they ran against the server and passed); a test that
 reads one gate runs that gate alone. One damaged folder serves both tests that serve a damaged layer.
 
@@ -56,9 +56,9 @@ def out(tmp_path_factory, vllm_python):
     return tmp_path_factory.mktemp("served_vllm")
 
 
-#: the shipped check's budgets cut for gates 2, 3 and 4 (the limits as shipped): a few generations each
+#: the shipped check's budgets cut for gates 2 and 3 (the limits as shipped): a few short generations each.
+#: Gate 4 stays as shipped: at fewer than its 40 items a suite's flip-rate bound exceeds its limit with no flip.
 CUT = {"quality": {"bleu_max_new_tokens": 16}, "longgen": {"max_prompts": 2, "new_tokens": 320, "edge": 64}}
-CUT_SUITE_SIZE = 8  # items of each built-in task suite (40 shipped), as the stand-in's every-gate test runs them
 
 
 def variant(name: str, model: str | None = None, gates: list[str] | None = None):
@@ -69,8 +69,6 @@ def variant(name: str, model: str | None = None, gates: list[str] | None = None)
         data["engine"]["options"]["launch"]["model"] = model
     for g, settings in CUT.items():
         data["gates"][g].update(settings)
-    for suite in data["gates"]["tasks"]["suites"]:
-        suite["size"] = CUT_SUITE_SIZE
     if gates is not None:
         for g in data["gates"]:
             data["gates"][g]["enabled"] = g in gates
