@@ -1,5 +1,5 @@
 """Gates: each gate module defines a `GateSpec` (its runner, the thresholds its config section
-sets, its inputs); `GATES` lists them explicitly, and the registry order is the run order.
+sets, its inputs); `GATES` registers them in the run order `qval.gate_registry.DECLARED` declares.
 
 The specs' parts (`GateContext`, `GateSpec`, `max_positions`, `context_problem`) live in
 `qval.gates.base` and are re-exported here; gate modules import them from there.
@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from ..export import gate as export_fidelity
+from ..gate_registry import covered
 from ..registry import Registry
 from . import agreement, depth, longgen, quality, retrieval, tasks
 from .base import GateContext, GateSpec, context_problem, max_positions  # noqa: F401
@@ -19,17 +20,10 @@ if TYPE_CHECKING:
 
 GATES: Registry[GateSpec] = Registry("gate")
 
-for _spec in (
-    agreement.SPEC,
-    depth.SPEC,  # gate 1 at depth: long documents, per depth bucket
-    quality.SPEC,  # gate 2: needs agreement's positions, so after it
-    longgen.SPEC,
-    retrieval.SPEC,  # the retrieval matrix: context length × needle depth
-    tasks.SPEC,  # gate 4: answers, item by item
-    export_fidelity.SPEC,  # the export backends' fidelity check (enabled for those backends only)
-):
-    GATES.register(_spec.name)(_spec)
-del _spec
+_SPECS = {m.SPEC.name: m.SPEC for m in (agreement, depth, quality, longgen, retrieval, tasks, export_fidelity)}
+for _name, _spec in covered("gate module", _SPECS, "qval/gates/__init__.py"):
+    GATES.register(_name)(_spec)
+del _name, _spec
 
 
 def data_identities(cfg: "GateConfig") -> dict[str, Any]:

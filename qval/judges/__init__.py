@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from ..config import GateConfig
+from ..gate_registry import covered
 from ..verdict import GateResult, Threshold, Verdict, decide
 from . import agreement, depth, export_fidelity, longgen, quality, retrieval, tasks
 
@@ -23,11 +24,11 @@ class Judge:
     thresholds: Callable[[GateConfig, "GateResult | None"], list[Threshold]]
 
 
-#: in the gates' run order (qval.gates.GATES registers each gate with its judge's two functions)
-JUDGES: tuple[Judge, ...] = tuple(
-    Judge(name, m.enabled, m.thresholds) for name, m in (
-        ("agreement", agreement), ("depth", depth), ("quality", quality), ("longgen", longgen),
-        ("retrieval", retrieval), ("tasks", tasks), (export_fidelity.NAME, export_fidelity)))
+_MODULES = {"agreement": agreement, "depth": depth, "quality": quality, "longgen": longgen, "retrieval": retrieval,
+            "tasks": tasks, export_fidelity.NAME: export_fidelity}
+#: in the gates' run order (qval.gate_registry; qval.gates.GATES registers each gate with its judge's two functions)
+JUDGES: tuple[Judge, ...] = tuple(Judge(name, m.enabled, m.thresholds)
+                                  for name, m in covered("judge", _MODULES, "qval/judges/__init__.py"))
 
 
 def thresholds_for(cfg: GateConfig, results: dict[str, GateResult]) -> list[Threshold]:

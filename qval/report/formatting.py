@@ -6,17 +6,14 @@ from __future__ import annotations
 
 from typing import Any
 
+from ..gate_registry import DECLARED
 from .numbers import fmt, number
 from ..results.agreement import Scored
 from ..results.tasks import Suite
 
-#: each gate's section title; a gate not named here is titled by its name
-TITLES = {"agreement": "Gate 1 — logits agreement",
-          "depth": "Gate 1 at depth — long context",
-          "retrieval": "Retrieval matrix — context length × needle depth",
-          "quality": "Gate 2 — perplexity and BLEU/chrF",
-          "longgen": "Gate 3 — long-generation stability",
-          "tasks": "Gate 4 — answers, item by item"}
+#: each gate's section title in report.md (qval.gate_registry); a gate a stored report names and qval does not
+#: declare is titled by its name
+TITLES = {d.name: d.title for d in DECLARED.ordered()}
 
 #: the checks table's columns; report.md shows all but "what" and "reason" (it lists the reasons below)
 CHECK_COLUMNS = ("gate", "metric", "what", "value", "95% interval", "threshold", "outcome", "reason")

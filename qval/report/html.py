@@ -13,7 +13,7 @@ from __future__ import annotations
 from html import escape
 from typing import Any
 
-from . import formatting
+from ..gate_registry import DECLARED
 from .diagnostics_html import diagnostics_section, fallback_section
 from .formatting import (CHECK_COLUMNS, calibration_text, candidate_text, check_rows, failed_text, interval, reference_text,
                          runtime_text, snapshot_text, stage_columns, stage_rows, versions_text)
@@ -79,8 +79,8 @@ def _measurements(g: dict[str, Any]) -> str:
     return table(["figure", "value", "± stderr", "95% interval", "n"], rows, [1, 2, 4]) if rows else ""
 
 
-#: report.html has always headed gate 2 without "/chrF"; kept so that the page stays byte-identical
-TITLES = {**formatting.TITLES, "quality": "Gate 2 — perplexity and BLEU"}
+#: each gate's heading in report.html (qval.gate_registry: report.md's, or its `html_title`)
+TITLES = {d.name: d.html_title or d.title for d in DECLARED.ordered()}
 
 
 def gates_section(r: dict[str, Any]) -> str:

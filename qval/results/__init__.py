@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from ..gate_registry import covered
 from .agreement import AgreementDetails
 from .base import Block, Details, parse
 from .depth import DepthDetails
@@ -17,10 +18,11 @@ from .quality import QualityDetails
 from .retrieval import RetrievalDetails
 from .tasks import TasksDetails
 
-#: the gates whose details are typed, by gate name
-TYPES: dict[str, type[Details]] = {"agreement": AgreementDetails, "depth": DepthDetails, "quality": QualityDetails,
-                                    "longgen": LonggenDetails, "retrieval": RetrievalDetails, "tasks": TasksDetails,
-                                    "export_fidelity": ExportFidelityDetails}
+#: each gate's details type, by gate name (every gate qval.gate_registry declares)
+TYPES: dict[str, type[Details]] = dict(covered("result type", {
+    "agreement": AgreementDetails, "depth": DepthDetails, "quality": QualityDetails, "longgen": LonggenDetails,
+    "retrieval": RetrievalDetails, "tasks": TasksDetails, "export_fidelity": ExportFidelityDetails},
+    "qval/results/__init__.py"))
 
 
 def typed(gate: str, status: str, details: Any) -> Any:
