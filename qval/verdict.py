@@ -60,8 +60,23 @@ class CheckKey:
         return cls(gate, key, name[len(key) + 1:], joiner)  # type: ignore[arg-type]
 
 
+class _Keyed:
+    """`gate` and `metric` of what a `CheckKey` names: a threshold, a check."""
+
+    key: CheckKey
+
+    @property
+    def gate(self) -> str:
+        return self.key.gate
+
+    @property
+    def metric(self) -> str:
+        """The figure's name in the gate's measurements and in report.json (`key.name`)."""
+        return self.key.name
+
+
 @dataclass(frozen=True)
-class Threshold:
+class Threshold(_Keyed):
     """One limit on one figure of one gate."""
 
     key: CheckKey  # which check: its gate, its figure (the key into GateResult.measurements: `key.name`) and bucket
@@ -88,15 +103,6 @@ class Threshold:
     def __post_init__(self) -> None:
         if not isinstance(self.key, CheckKey):
             raise TypeError(f"a threshold's key is a CheckKey (gate, metric, bucket), not {self.key!r}")
-
-    @property
-    def gate(self) -> str:
-        return self.key.gate
-
-    @property
-    def metric(self) -> str:
-        """The figure's name in the gate's measurements and in report.json (`key.name`)."""
-        return self.key.name
 
 
 @dataclass
@@ -153,7 +159,7 @@ class GateResult:
 
 
 @dataclass(frozen=True)
-class Check:
+class Check(_Keyed):
     key: CheckKey
     description: str
     value: float | None
@@ -173,14 +179,6 @@ class Check:
     size_basis: str | None = None
     #: a sized check's centre where its config states one (`Sized.healthy`): the figure a healthy candidate shows
     healthy: float | None = None
-
-    @property
-    def gate(self) -> str:
-        return self.key.gate
-
-    @property
-    def metric(self) -> str:
-        return self.key.name
 
     def to_dict(self) -> dict[str, Any]:
         """report.json's check: "gate" and "metric" (the key's name), then every other field in order."""
