@@ -192,11 +192,13 @@ def file_fingerprint(path: Path, *, full: bool = False) -> str:
     return h.hexdigest()
 
 
-def tree_fingerprint(folder: Path, patterns: tuple[str, ...] = ("*",)) -> str:
-    """Fingerprint of every file in `folder` (recursive) matching `patterns`, names included."""
+def tree_fingerprint(folder: Path, patterns: tuple[str, ...] = ("*",), exclude: tuple[Path, ...] = ()) -> str:
+    """Fingerprint of every file in `folder` (recursive) matching `patterns`, names included; files in `exclude`
+    (a marker written beside the files after their fingerprint) are left out."""
     folder = Path(folder)
     h = hashlib.sha256()
-    files = sorted({p for pat in patterns for p in folder.rglob(pat) if p.is_file()})
+    skip = {Path(p) for p in exclude}
+    files = sorted({p for pat in patterns for p in folder.rglob(pat) if p.is_file() and p not in skip})
     for p in files:
         h.update(str(p.relative_to(folder)).encode())
         h.update(file_fingerprint(p).encode())

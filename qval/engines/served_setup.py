@@ -9,7 +9,6 @@ Each failure is a `ServerError` or `ModelError` (exit 2) that says what to do.
 from __future__ import annotations
 
 import copy
-import hashlib
 import os
 import shutil
 import subprocess
@@ -18,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import ConfigError, ModelError
-from ..io import atomic_write_json, file_fingerprint, hash_json, read_json, tree_fingerprint
+from ..io import atomic_write_json, hash_json, read_json, tree_fingerprint
 from .api import Client, ServerError
 from .base import BuildContext
 from .checkpoint import PROBE
@@ -42,7 +41,7 @@ def reference_folder(reference: Any, root: Path) -> Path:
     dest = root / key[:16]
     marker = dest / "qval-folder.json"
     try:
-        if read_json(marker).get("key") == key and _contents(dest, marker) == read_json(marker).get("files"):
+        if read_json(marker).get("key") == key and tree_fingerprint(dest, WEIGHT_FILES, exclude=(marker,)) == read_json(marker).get("files"):
             return dest
     except (OSError, ValueError, AttributeError):
         pass
@@ -70,18 +69,9 @@ def reference_folder(reference: Any, root: Path) -> Path:
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-    atomic_write_json(marker, {"key": key, "files": _contents(dest, marker)})
+    # the marker is a *.json written after the fingerprint: left out of it, or no folder would ever match its marker
+    atomic_write_json(marker, {"key": key, "files": tree_fingerprint(dest, WEIGHT_FILES, exclude=(marker,))})
     return dest
-
-
-def _contents(folder: Path, marker: Path) -> str:
-    """The fingerprint of a written folder's files without its marker (a *.json written after the fingerprint is
-    taken: with it included, a whole folder never matched its marker and was written again on every run)."""
-    h = hashlib.sha256()
-    for p in sorted({p for pat in WEIGHT_FILES for p in folder.rglob(pat) if p.is_file() and p != marker}):
-        h.update(str(p.relative_to(folder)).encode())
-        h.update(file_fingerprint(p).encode())
-    return h.hexdigest()
 
 
 def model_folder(ctx: BuildContext, launch: LaunchOptions) -> tuple[Path, dict[str, Any], Any]:
