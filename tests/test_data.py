@@ -4,7 +4,10 @@ sets never overlap calibration (a model calibrated on its test text would flatte
 from __future__ import annotations
 
 import json
+import os
 import re
+import subprocess
+import sys
 
 import pytest
 
@@ -96,8 +99,12 @@ def test_text_and_parquet_loaders(tmp_path):
     assert load_dataset(str(tmp_path / "b.parquet")).texts() == ["x", "y"]
 
 
-def test_hub_dataset_offline_is_a_clear_error(monkeypatch):
-    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
-    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    with pytest.raises(DataError, match="cannot load dataset 'no-such/dataset'"):
-        load_dataset("hf:no-such/dataset@test")
+def test_hub_dataset_offline_is_a_clear_error():
+    """As a user runs it: the hub switched off before Python starts (the `datasets` library reads the switch once,
+    on import; in this process it may have been imported already, and would then try the network)."""
+    code = ("from qval.data import load_dataset\nfrom qval.errors import DataError\ntry:\n"
+            "    load_dataset('hf:no-such/dataset@test')\nexcept DataError as err:\n    print('DataError:', err)\n")
+    env = {**os.environ, "HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(ROOT)}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env, cwd=ROOT)
+    assert out.returncode == 0 and "DataError:" in out.stdout, out.stdout + out.stderr
+    assert "cannot load dataset 'no-such/dataset'" in out.stdout and "Traceback" not in out.stdout + out.stderr
