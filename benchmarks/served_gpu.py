@@ -5,11 +5,13 @@ decides whether the one predicts the other (issue 50). Runs on the lent GPU mach
     sim      the candidates of checks/gpu/served_vllm_fp8{,_kvfp16}.yaml gated in qval's process (fakequant and
              realquant: the same file, the engine swapped), and the reference written as a bfloat16 folder
     served   the two shipped served checks as a user runs them (qval calibrates, exports, starts vLLM, gates, stops it)
-    extras   the export's K/V scales x1000 and /1000 served (does vLLM apply them?); the FP8-KV check again on a fresh server;
-             one server scored twice, plain and in vLLM's batch-invariant mode; a served bfloat16 reference
+    extras   the export's K/V scales /1000 served (does vLLM apply them? x1000 was run before: a weak probe for E4M3);
+             gates 1 and depth on a second fresh server; one server scored twice, plain and in vLLM's batch-invariant
+             mode; a served bfloat16 reference against the served export (both sides served)
     speed8b  an 8B-shaped FP8 candidate with random weights (--load-format dummy) against an 8B-shaped bfloat16 reference
-             served the same way: the server's own prefill / decode / scoring rates, a bf16 matmul's rate as the
-             hardware limit, and the whole served check's seconds per stage
+             served the same way: the server's own prefill / decode / scoring rates with one API front end and with
+             several (`vllm serve --api-server-count`), a bf16 matmul's rate as the hardware limit, and the whole served
+             check's seconds per stage
 
     python3 benchmarks/served_gpu.py run PHASE --work /tmp/sg [--deadline S]   # jobs of PHASE; status in WORK/status.json
     python3 benchmarks/served_gpu.py table --work /tmp/sg --out FILE.json       # the side-by-side table of every report
@@ -72,11 +74,20 @@ def in_process(base: Path, name: str, backend: str) -> dict[str, Any]:
     return variant(base, name, engine={"backend": backend})
 
 
-def find_export(work: Path, run: str) -> Path:
-    hits = sorted(p.parent for p in (work / "runs" / run).rglob("hf_quant_config.json"))
-    if not hits:
-        raise SystemExit(f"no export under {work / 'runs' / run}: run the served phase first")
-    return hits[-1]
+def find_export(work: Path, *runs: str, wait: float = 0.0) -> Path:
+    """The candidate export the first of `runs` to have one wrote; `wait`: seconds to wait for one (a run beside)."""
+    from qval.export.hf import EXPORT_MARKER
+
+    end = time.time() + wait
+    while True:
+        for run in runs:
+            # a finished export: renamed into place with its marker (qval/export/hf.py), never a `.partial` folder
+            hits = sorted(p.parent for p in (work / "runs" / run).rglob(EXPORT_MARKER) if ".partial" not in str(p))
+            if hits and (hits[-1] / "hf_quant_config.json").is_file():
+                return hits[-1]
+        if time.time() > end:
+            raise SystemExit(f"no export under {work / 'runs'} of {', '.join(runs)}: run the served phase first")
+        time.sleep(5)
 
 
 def scaled_export(export: Path, dest: Path, factor: float) -> Path:
@@ -114,14 +125,15 @@ class Server:
     """A vLLM server the driver owns (qval's own launcher: supervisor, log, always stopped)."""
 
     def __init__(self, folder: Path, work: Path, tag: str, args: list[str], env: dict[str, str] | None = None,
-                 kv: str = "fp8", quantization: str | None = "modelopt", top_k: int = 128, dtype: str = "bfloat16") -> None:
+                 kv: str = "fp8", quantization: str | None = "modelopt", top_k: int = 128, dtype: str = "bfloat16",
+                 command: list[str] | None = None) -> None:
         from qval.engines.registry import LaunchOptions
         from qval.engines.server import LaunchedServer, free_port, vllm_command
 
-        launch = LaunchOptions(model=str(folder), dtype=dtype, kv_cache_dtype=kv, quantization=quantization,
+        launch = LaunchOptions(model=str(folder), dtype=dtype, kv_cache_dtype=kv, quantization=quantization, command=command,
                                args=[*args, *MEMORY] if "--kv-cache-memory-bytes" not in args else args, env=env or {})
         port = free_port()
-        self.command = vllm_command(launch, os.environ["QVAL_VLLM_PYTHON"], folder, tag, port, top_k)
+        self.command = vllm_command(launch, None if command else os.environ["QVAL_VLLM_PYTHON"], folder, tag, port, top_k)
         self.server = LaunchedServer(self.command, {**os.environ, **(env or {})}, port, work / "logs" / f"server_{tag}.log", 900)
         self.tag = tag
 
@@ -221,8 +233,10 @@ def phase_served(ph: Phase) -> None:
 
 def phase_extras(ph: Phase) -> None:
     work = ph.work
-    export = find_export(work, "served_vllm_fp8")
-    x1000 = scaled_export(export, work / "export_kv_x1000", 1000.0)
+    # gates 1 and depth on a fresh server (a calibration and export of its own): run to run against the served phase's
+    # check, and its export is what the rest serves when the served phase does not run beside this one
+    fresh2 = ph.gate(variant(KV8, "served_vllm_fp8_fresh2", gates_only=["agreement", "depth"]))
+    export = find_export(work, "served_vllm_fp8", "served_vllm_fp8_fresh2", wait=420)
     # E4M3 is a floating-point format: x 1000 only pushes small values into its subnormals (a weak probe, seen on the
     # H100); / 1000 saturates every K and V at ±448 x scale, which no server applying the scales can hide
     div1000 = scaled_export(export, work / "export_kv_div1000", 0.001)
@@ -233,31 +247,19 @@ def phase_extras(ph: Phase) -> None:
                             cwd=ROOT, start_new_session=True)
     emul.qval_name, emul.qval_t0 = "fa3_fp8_emulation", time.time()  # type: ignore[attr-defined]
     ph.note("fa3_fp8_emulation", state="running")
-    # (1) vLLM applies the export's K/V scales: the same export with scales x1000, gate 1 only; (2) a fresh server
+
     def gate1_of(name: str, folder: Path) -> dict[str, Any]:
         launch = {"model": str(folder), "dtype": "bfloat16", "kv_cache_dtype": "fp8", "quantization": "modelopt", "args": MEMORY}
         return variant(KV8, name, gates_only=["agreement"], engine={"backend": "served", "options": {"top_k": 128, "launch": launch}})
 
-    procs = [ph.gate(gate1_of("served_kv_x1000", x1000)), ph.gate(gate1_of("served_kv_div1000", div1000)),
-             ph.gate(variant(KV8, "served_vllm_fp8_fresh2"))]
-    # (3) one server, scored twice (gates 1 and depth), plain and batch-invariant
-    for tag, env in (("same", {}), ("batchinv", {"VLLM_BATCH_INVARIANT": "1"})):
-        if time.time() > ph.end - 120:
-            ph.note(f"{tag}_server", state="skipped: deadline")
-            continue
-        t0 = time.time()
-        try:
-            with Server(export, work, tag, [], env=env) as s:
-                ph.note(f"{tag}_server", state="up", startup_s=round(s.server.startup_seconds or 0, 1), command=s.command, env=env)
-                for r in (1, 2):
-                    ph.wait([ph.gate(url_config(KV8, f"served_{tag}_run{r}", s.server.url, tag, ["agreement", "depth"]))])
-        except Exception as err:  # noqa: BLE001
-            ph.note(f"{tag}_server", state=f"error: {err}"[:2000])
-        ph.note(f"{tag}_server", seconds=round(time.time() - t0, 1))
-    # (4) a served bfloat16 reference against the served FP8 export (both sides served)
+    # (1) vLLM applies the export's K/V scales: scales / 1000, gate 1 only
+    procs = [fresh2, ph.gate(gate1_of("served_kv_div1000", div1000))]
+    # (3) a served bfloat16 reference against the served FP8 export (both sides served)
     ref = work / "ref_bf16"
-    ref = next((p for p in ref.iterdir() if (p / "config.json").is_file()), None) if ref.is_dir() else None
-    if ref is not None:
+    try:
+        if not any(ref.glob("*/config.json")):
+            reference_folder(work)
+        ref = next(p.parent for p in ref.glob("*/config.json"))
         cfg = variant(KV8, "served_ref_bf16_vs_fp8", gates_only=["agreement", "quality", "longgen", "depth", "retrieval", "tasks"])
         cfg["model"] = {"source": "served", "tokenizer": str(ref), "served": {"top_k": 128, "launch": {
             "model": str(ref), "dtype": "bfloat16", "args": MEMORY}}}
@@ -266,7 +268,29 @@ def phase_extras(ph: Phase) -> None:
             "model": str(export), "dtype": "bfloat16", "kv_cache_dtype": "fp8", "quantization": "modelopt", "args": MEMORY}}}
         cfg.pop("calibration", None)
         procs.append(ph.gate(cfg))
+    except Exception as err:  # noqa: BLE001 - recorded, the rest goes on
+        ph.note("served_ref_bf16_vs_fp8", state=f"error: {err}"[:2000])
+    # (4) one server scored twice (gates 1 and depth), plain and in vLLM's batch-invariant mode, the two side by side
+    import contextlib
+
+    with contextlib.ExitStack() as stack:
+        servers = {}
+        for tag, env in (("same", {}), ("batchinv", {"VLLM_BATCH_INVARIANT": "1"})):
+            try:
+                s = stack.enter_context(Server(export, work, tag, [], env=env))
+                servers[tag] = s
+                ph.note(f"{tag}_server", state="up", startup_s=round(s.server.startup_seconds or 0, 1), command=s.command, env=env)
+            except Exception as err:  # noqa: BLE001
+                ph.note(f"{tag}_server", state=f"error: {err}"[:2000])
+        for r in (1, 2):
+            ph.wait([ph.gate(url_config(KV8, f"served_{tag}_run{r}", s.server.url, tag, ["agreement", "depth"]))
+                     for tag, s in servers.items()])
     ph.wait([*procs, emul])
+
+
+#: the vLLM front end with several API server processes (`vllm serve --api-server-count N`; the module qval starts by
+#: default, vllm.entrypoints.openai.api_server, runs one): what turns prompt log-probabilities into JSON is spread over N
+API_SERVERS = 8
 
 
 def phase_speed8b(ph: Phase) -> None:
@@ -282,23 +306,38 @@ def phase_speed8b(ph: Phase) -> None:
     shape = {**SHAPES["8b"], "vocab_size": len(tok)}  # the built-in tokenizer's vocabulary: every id it emits is valid
     LlamaConfig(**shape, bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id, dtype="bfloat16").save_pretrained(folder)
     tok.save_pretrained(folder)
-    facts: dict[str, Any] = {"shape": shape, "peak": bf16_matmul_rate()}
+    facts: dict[str, Any] = {"shape": shape, "peak": bf16_matmul_rate(), "api_servers": API_SERVERS}
     ph.note("speed8b", **facts)
     dummy = ["--load-format", "dummy", "--max-model-len", "4096", "--gpu-memory-utilization", "0.3",
-             "--kv-cache-memory-bytes", "16000000000"]
-    with Server(folder, work, "ref8b", dummy, kv="auto", quantization=None) as ref, \
-         Server(folder, work, "cand8b", dummy, kv="fp8", quantization="fp8") as cand:
-        ph.note("speed8b", ref_startup_s=round(ref.server.startup_seconds or 0, 1), cand_startup_s=round(cand.server.startup_seconds or 0, 1),
-                ref_command=ref.command, cand_command=cand.command)
-        rates = {tag: server_rates(s.server.url, tag, len(tok)) for tag, s in (("cand8b", cand), ("ref8b", ref))}
-        ph.note("speed8b", rates=rates)
-        cfg = url_config(KV8, "speed8b_served", cand.server.url, "cand8b")
-        cfg["model"] = {"source": "served", "tokenizer": str(folder), "served": {"url": ref.server.url, "model": "ref8b", "top_k": 128}}
-        cfg["quant"] = {"format": "none", "kv_cache": "fp8"}
-        cfg.pop("calibration", None)
-        t0 = time.time()
-        ph.wait([ph.gate(cfg)])
-        ph.note("speed8b", gate_wall_s=round(time.time() - t0, 1))
+             "--kv-cache-memory-bytes", "6000000000"]
+    cli = [os.environ["QVAL_VLLM_PYTHON"], "-m", "vllm.entrypoints.cli.main", "serve"]
+    many = ["--api-server-count", str(API_SERVERS)]
+    # three servers at once: the reference (bf16) and the FP8 candidate with API_SERVERS front ends, and the same
+    # candidate as qval starts it by default (one front end); each server's rates are measured while the others idle
+    with Server(folder, work, "ref8b", [*dummy, *many], kv="auto", quantization=None, command=cli) as ref, \
+         Server(folder, work, "cand8b", [*dummy, *many], kv="fp8", quantization="fp8", command=cli) as cand, \
+         Server(folder, work, "cand8b_one", dummy, kv="fp8", quantization="fp8") as one:
+        ph.note("speed8b", **{f"{t}_startup_s": round(s.server.startup_seconds or 0, 1) for t, s in
+                              (("ref", ref), ("cand", cand), ("cand_one", one))},
+                ref_command=ref.command, cand_command=cand.command, cand_one_command=one.command)
+        rates = {}
+        for tag, s, workers in (("cand8b", cand, 16), ("cand8b_w64", cand, 64), ("cand8b_one", one, 16), ("ref8b", ref, 16)):
+            rates[tag] = server_rates(s.server.url, tag.removesuffix("_w64"), len(tok), workers=workers)
+            ph.note("speed8b", rates=rates)
+        # the whole check, both sides served: with the front ends spread and 32 requests in flight, then as shipped
+        # (one front end for the candidate, the served options' default of 4 requests in flight)
+        for name, server, tag, conc in (("speed8b_served", cand, "cand8b", 32), ("speed8b_served_one", one, "cand8b_one", None)):
+            cfg = url_config(KV8, name, server.server.url, tag)
+            ref_opts: dict[str, Any] = {"url": ref.server.url, "model": "ref8b", "top_k": 128}
+            if conc:
+                cfg["engine"]["options"]["concurrency"] = conc
+                ref_opts["concurrency"] = conc
+            cfg["model"] = {"source": "served", "tokenizer": str(folder), "served": ref_opts}
+            cfg["quant"] = {"format": "none", "kv_cache": "fp8"}
+            cfg.pop("calibration", None)
+            t0 = time.time()
+            ph.wait([ph.gate(cfg)])
+            ph.note("speed8b", **{f"{name}_wall_s": round(time.time() - t0, 1)})
 
 
 def bf16_matmul_rate() -> dict[str, float]:
@@ -320,7 +359,7 @@ def bf16_matmul_rate() -> dict[str, float]:
     return {"bf16_tflops": 2 * 8192 ** 3 / t / 1e12, "device": torch.cuda.get_device_name()}
 
 
-def server_rates(url: str, model: str, vocab: int, n: int = 64, length: int = 1024) -> dict[str, Any]:
+def server_rates(url: str, model: str, vocab: int, n: int = 64, length: int = 1024, workers: int = 16) -> dict[str, Any]:
     """The server's own rates: prefill without log-probabilities (max_tokens 1), scoring with top-K prompt
     log-probabilities (K 20 and 128), and greedy decode (32 x 256 new tokens)."""
     import concurrent.futures as cf
@@ -336,7 +375,7 @@ def server_rates(url: str, model: str, vocab: int, n: int = 64, length: int = 10
         rng = random.Random(seed)
         return [[rng.randrange(100, vocab) for _ in range(length)] for _ in range(n)]
 
-    def timed(bodies: list[dict[str, Any]], workers: int = 16) -> float:
+    def timed(bodies: list[dict[str, Any]], workers: int = workers) -> float:
         t0 = time.perf_counter()
         with cf.ThreadPoolExecutor(workers) as ex:
             list(ex.map(post, bodies))
@@ -344,7 +383,7 @@ def server_rates(url: str, model: str, vocab: int, n: int = 64, length: int = 10
 
     base = {"model": model, "temperature": 0.0}
     timed([{**base, "prompt": p, "max_tokens": 1} for p in prompts(0)[:8]])  # warm-up
-    out: dict[str, Any] = {"requests": n, "prompt_tokens": length}
+    out: dict[str, Any] = {"requests": n, "prompt_tokens": length, "in_flight": workers}
     dt = timed([{**base, "prompt": p, "max_tokens": 1} for p in prompts(1)])
     out["prefill_tok_s"] = n * length / dt
     for k in (20, 128):

@@ -10,12 +10,12 @@
 #   mkdir -p .g1 .g2; head -c 49181216 $GGUF > .g1/part_aa; tail -c +49181217 $GGUF > .g2/part_ab
 # Calls (each `bash benchmarks/served_gpu_device.sh VERB …`, carry as named):
 #   [.whl .vp0] keep   [.g1] keep   [.g2] start sim:600   [.vp1] keep   [.vp2] keep   [.vp3] keep
-#   [.vp4] start served:600,extras:480,speed8b:420   then   wait 570   until no phase runs
+#   [.vp4] start speed8b:480,served:540+extras:600   then   wait 570   until no phase runs
 # Verbs:
 #   keep            install .whl/ into /tmp/site; keep GGUF and vLLM parts; the GGUF assembled, vLLM installed (6 s)
 #                   into $HOME/vsite once all their parts are here (sha256 checked)
-#   start P:S,…     keep, then served_gpu.py run P --deadline S (default 540) for each phase in turn, in a session of
-#                   its own (it outlives the call while the machine is held); returns at once
+#   start P:S,…     keep, then served_gpu.py run P --deadline S (default 540) for each phase in turn (P1:S+P2:S: those
+#                   two side by side), in a session of its own (it outlives the call while the machine is held); returns at once
 #   wait S          wait until no phase runs (at most S seconds), then collect
 #   collect         $OUT/sg.tar.gz (reports, logs, configs, status), $OUT/status.json, $OUT/served_gpu.json (the table)
 set -uo pipefail
@@ -52,9 +52,12 @@ start() {  # PHASE[:DEADLINE][,PHASE[:DEADLINE]…] — phases in turn, in one s
   keep || return 1
   local qv; qv=/tmp/qv-$(date +%s)  # a copy of its own: a later call's tree never changes a running phase's files
   mkdir -p "$qv" && cp -r benchmarks calib_data checks qval pyproject.toml "$qv/"
-  local plan="" item
-  for item in ${1//,/ }; do
-    plan+="python3 benchmarks/served_gpu.py run ${item%%:*} --work $WORK --deadline $( [ "${item#*:}" != "$item" ] && echo "${item#*:}" || echo 540 ) > $WORK/phase_${item%%:*}.log 2>&1; "
+  local plan="" item part
+  for item in ${1//,/ }; do  # in turn; the phases of one item joined by + side by side
+    for part in ${item//+/ }; do
+      plan+="python3 benchmarks/served_gpu.py run ${part%%:*} --work $WORK --deadline $( [ "${part#*:}" != "$part" ] && echo "${part#*:}" || echo 540 ) > $WORK/phase_${part%%:*}.log 2>&1 & "
+    done
+    plan+="wait; "
   done
   ( cd "$qv" && QVAL_VLLM_PYTHON=/tmp/vllm-python PYTHONPATH="$SITE:$qv" setsid nohup bash -c "$plan" > /dev/null 2>&1 < /dev/null & )
   echo "$qv" > "$WORK/qv"
