@@ -60,7 +60,7 @@ class PlantedOptions(BaseModel):
 def register_planted() -> None:
     """The `planted` backend: fakequant's candidate with a fault planted after it is built."""
     from qval.engines.builders import BUILDERS
-    from qval.engines.registry import BACKENDS, Backend
+    from qval.backends import BACKENDS, Backend
 
     if "planted" in BACKENDS:
         return

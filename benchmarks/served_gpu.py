@@ -127,7 +127,7 @@ class Server:
     def __init__(self, folder: Path, work: Path, tag: str, args: list[str], env: dict[str, str] | None = None,
                  kv: str = "fp8", quantization: str | None = "modelopt", top_k: int = 128, dtype: str = "bfloat16",
                  command: list[str] | None = None) -> None:
-        from qval.engines.registry import LaunchOptions
+        from qval.backends import LaunchOptions
         from qval.engines.server import LaunchedServer, free_port, vllm_command
 
         launch = LaunchOptions(model=str(folder), dtype=dtype, kv_cache_dtype=kv, quantization=quantization, command=command,

@@ -4,7 +4,6 @@ This is what a config is validated against (`engine.backend`, `engine.options`),
 stages ask before any engine is built (does the backend calibrate?). It sits beside the config and
 imports no engine: the builders live in their own modules and are looked up by name in
 `qval.engines.builders`, which checks that it has a builder for every name declared here.
-`qval.engines.registry` re-exports it under its older path.
 """
 
 from __future__ import annotations

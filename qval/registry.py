@@ -1,7 +1,7 @@
 """A small explicit registry: names map to objects, filled by decorators.
 
-Formats, engine backends (names in `engines/registry.py`, builders in `engines/builders.py`),
-gates (`gates/__init__.py`) and task suites each live in one, so adding one never touches a dispatcher.
+Formats, engine backends (names in `backends.py`, builders in `engines/builders.py`),
+gates (`gate_registry.py`) and task suites each live in one, so adding one never touches a dispatcher.
 Duplicate names raise; an unknown name answers with the closest match and the full list.
 
 >>> engines = Registry("engine")

@@ -113,7 +113,7 @@ class GateResult:
     status: Literal["ok", "error", "nonfinite", "skipped", "pending"]
     measurements: dict[str, Estimate] = field(default_factory=dict)
     #: the gate's typed details (qval.results) where its gate has a type and it finished, else a plain dict
-    details: Any = field(default_factory=dict)
+    details: Details | dict[str, Any] = field(default_factory=dict)
     error: str | None = None
     seconds: float = 0.0
     #: the gate's stage folder, where it wrote its own files (gate 1's per-position arrays): set by whoever runs

@@ -15,7 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable, Protocol
 
-from ..export import codecs
+from . import codecs
 from ..registry import Registry
 
 

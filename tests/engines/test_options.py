@@ -34,7 +34,7 @@ def test_backend_options_name_the_allowed_ones():
 def test_every_in_process_backend_takes_the_runtime_and_defaults_to_qvals():
     """engine.options.runtime: "qval" (the default) or "transformers" (transformers' and ModelOpt's code
     only); a backend that does not run the model in this process (tensorrt_llm) refuses it."""
-    from qval.engines.registry import BACKENDS
+    from qval.backends import BACKENDS
     from qval.engines.runtime import option
 
     for backend in ("fakequant", "realquant", "export", "checkpoint"):

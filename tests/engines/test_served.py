@@ -22,7 +22,7 @@ import torch
 from qval.config import parse_config
 from qval.engines.api import Client, ServerError
 from qval.engines.base import BuildContext
-from qval.engines.registry import LaunchOptions
+from qval.backends import LaunchOptions
 from qval.engines.served import ServedEngine
 from qval.engines.served_setup import build_served, check_tokenizer, served_model
 from qval.engines.server import LaunchedServer, free_port, vllm_command

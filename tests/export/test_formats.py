@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from qval.export.codecs import decode_fp8, decode_int4_blocks, decode_int8, unpack_int4
+from qval.quantize.codecs import decode_fp8, decode_int4_blocks, decode_int8, unpack_int4
 from qval.export.formats import BY_QUANT_ALGO, export_spec
 
 

@@ -14,7 +14,7 @@ import pytest
 from pydantic import BaseModel
 
 from qval.config import GateConfig, parse_config
-from qval.engines.registry import BACKENDS
+from qval.backends import BACKENDS
 from qval.errors import ConfigError
 from tests.conftest import small_config, write_config
 
