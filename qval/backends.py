@@ -78,6 +78,9 @@ class LaunchOptions(BaseModel):
     quantization: str | None = None  # vLLM's --quantization (unset: what the checkpoint declares)
     tensor_parallel_size: int = Field(1, ge=1)  # vLLM's --tensor-parallel-size
     max_model_len: int | None = Field(None, gt=0)  # vLLM's --max-model-len
+    #: API front-end processes (vLLM's --api-server-count, through `vllm serve`): each turns the engine's prompt
+    #: log-probabilities into JSON, which bounds served scoring on a GPU (docs/engines.md, "Speed")
+    api_servers: int = Field(1, ge=1, le=64)
     args: list[str] = Field(default_factory=list)  # more arguments, as given (e.g. ["--enforce-eager"])
     env: dict[str, str] = Field(default_factory=dict)  # environment variables for the server
     port: int | None = Field(None, ge=1, le=65535)  # unset: a free port
@@ -89,6 +92,9 @@ class LaunchOptions(BaseModel):
             raise ValueError("give launch.python or launch.command, not both")
         if self.command is not None and not self.command:
             raise ValueError("launch.command is empty; give the command that starts the server, or remove it")
+        if any(a == "--api-server-count" or a.startswith("--api-server-count=") for a in self.args):
+            raise ValueError("launch.args sets --api-server-count; set launch.api_servers instead (qval then starts "
+                             "`vllm serve`, the entry point that runs several API front ends)")
         return self
 
 

@@ -25,6 +25,8 @@ from ..backends import LaunchOptions
 
 PIDFILE_ENV = "QVAL_SERVER_PIDFILE"  # where each started server's process group is recorded, if set
 VLLM_MODULE = "vllm.entrypoints.openai.api_server"  # `vllm serve` of some CPU builds cannot find its own version
+#: `vllm serve` as a module: what runs several API front ends (`launch.api_servers`; the module above runs one)
+VLLM_SERVE = ("vllm.entrypoints.cli.main", "serve")
 LOG_LINES = 25  # lines of the server's log an error message carries
 
 
@@ -45,12 +47,20 @@ def port_in_use(port: int) -> bool:
 
 
 def vllm_command(launch: LaunchOptions, python: str | None, model_dir: Path, name: str, port: int, top_k: int) -> list[str]:
-    """The server's command line: `python -m vllm.entrypoints.openai.api_server` (or `launch.command`)
-    with the model, its name in the API, the address, and the settings the config gives."""
-    head = list(launch.command) if launch.command else [str(python), "-m", VLLM_MODULE]
+    """The server's command line: `python -m vllm.entrypoints.openai.api_server` (or `launch.command`; with
+    `launch.api_servers` > 1, `python -m vllm.entrypoints.cli.main serve … --api-server-count N`) with the model,
+    its name in the API, the address, and the settings the config gives."""
+    if launch.command:
+        head = list(launch.command)
+    elif launch.api_servers > 1:
+        head = [str(python), "-m", *VLLM_SERVE]
+    else:
+        head = [str(python), "-m", VLLM_MODULE]
     args = ["--model", str(model_dir), "--served-model-name", name, "--host", "127.0.0.1", "--port", str(port),
             "--max-logprobs", str(top_k), "--dtype", launch.dtype, "--kv-cache-dtype", launch.kv_cache_dtype,
             "--tensor-parallel-size", str(launch.tensor_parallel_size)]
+    if launch.api_servers > 1:
+        args += ["--api-server-count", str(launch.api_servers)]
     if launch.quantization:
         args += ["--quantization", launch.quantization]
     if launch.max_model_len:

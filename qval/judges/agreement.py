@@ -41,11 +41,14 @@ def summarize(a: dict[str, np.ndarray], info: dict[str, Any], seconds: float) ->
 
 
 def histogram(kld: np.ndarray, bins: int = 40) -> dict[str, list[float]]:
-    """Log-spaced histogram of per-position KLD, for the report's plot."""
+    """Log-spaced histogram of per-position KLD, for the report's plot: every finite positive KLD from 1e-12 up
+    (below it, rounding noise: left out, unless every value is below it), `zeros` those ≤ 0."""
     pos = kld[np.isfinite(kld) & (kld > 0)]
     if pos.size == 0:
         return {"edges": [], "counts": [], "zeros": int(np.sum(kld == 0))}
-    edges = np.logspace(np.log10(max(pos.min(), 1e-12)), np.log10(pos.max()) + 1e-9, bins + 1)
+    lo = float(pos.min()) if pos.max() < 1e-12 else max(float(pos.min()), 1e-12)
+    edges = np.logspace(np.log10(lo), np.log10(pos.max()) + 1e-9, bins + 1)
+    edges[0] = lo  # 10 ** log10(lo) may round above lo, and the smallest value would fall outside
     counts, _ = np.histogram(pos, bins=edges)
     return {"edges": edges.tolist(), "counts": counts.tolist(), "zeros": int(np.sum(kld <= 0))}
 

@@ -56,3 +56,28 @@ def test_checkpoint_needs_a_path_and_skips_calibration():
     with pytest.raises(ConfigError, match="needs engine.path"):
         parse_config(small_config("x", engine={"backend": "checkpoint"}))
     assert not needs_calibration("checkpoint") and needs_calibration("export") and needs_calibration("realquant")
+
+
+def test_api_servers_start_vllm_serve_with_that_many_front_ends(tmp_path):
+    from qval.backends import LaunchOptions
+    from qval.engines.server import VLLM_MODULE, vllm_command
+
+    one = vllm_command(LaunchOptions(), "/venv/bin/python", tmp_path, "cand", 8000, 128)
+    assert one[:3] == ["/venv/bin/python", "-m", VLLM_MODULE] and "--api-server-count" not in one
+    many = vllm_command(LaunchOptions(api_servers=8, args=["--enforce-eager"]), "/venv/bin/python", tmp_path, "cand", 8000, 128)
+    assert many[:4] == ["/venv/bin/python", "-m", "vllm.entrypoints.cli.main", "serve"]
+    assert many[many.index("--api-server-count") + 1] == "8" and many[-1] == "--enforce-eager"
+    own = vllm_command(LaunchOptions(command=["vllm", "serve"], api_servers=2), None, tmp_path, "cand", 8000, 128)
+    assert own[:2] == ["vllm", "serve"] and own[own.index("--api-server-count") + 1] == "2"
+
+
+@pytest.mark.parametrize("launch, message", [
+    ({"args": ["--api-server-count", "4"]}, "set launch.api_servers instead"),
+    ({"args": ["--api-server-count=4"]}, "set launch.api_servers instead"),
+    ({"api_servers": 0}, "api_servers"),
+])
+def test_api_servers_is_set_once_and_counted(launch, message):
+    from qval.backends import LaunchOptions
+
+    with pytest.raises(ValueError, match=message):
+        LaunchOptions(**launch)
