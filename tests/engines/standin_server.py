@@ -13,6 +13,7 @@ damaged model that still answers), `exit_at_start`, `slow_start:S`, `die_after:N
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import sys
@@ -25,8 +26,9 @@ VOCAB = int(os.environ.get("STANDIN_VOCAB", "49152"))
 MODE = os.environ.get("STANDIN_MODE", "")
 
 
+@functools.lru_cache(maxsize=512)  # a text repeats its tokens: each vector is drawn once (512 x 192 kB at most)
 def logprobs_after(token: int) -> np.ndarray:
-    """The stand-in model's next-token log-probabilities after `token` (float32)."""
+    """The stand-in model's next-token log-probabilities after `token` (float32; shared: read it, never write it)."""
     x = np.random.default_rng(token).standard_normal(VOCAB).astype(np.float32) * 3
     if MODE.startswith("noise:"):
         x += np.random.default_rng(token + 10**7).standard_normal(VOCAB).astype(np.float32) * float(MODE.split(":")[1])
@@ -77,7 +79,14 @@ class Handler(BaseHTTPRequestHandler):
 
 
 def top(lp: np.ndarray, k: int) -> list[tuple[int, float]]:
-    idx = np.argsort(-lp, kind="stable")[:k]
+    """The k most likely (ties: the lower id first), as a stable sort of the whole vector gives them, without sorting
+    the whole vector: every id at or above the k-th largest value, then those sorted."""
+    if k < lp.size:
+        kth = np.partition(-lp, k - 1)[k - 1]
+        near = np.flatnonzero(-lp <= kth)  # ids in increasing order: the stable sort below keeps ties so
+        idx = near[np.argsort(-lp[near], kind="stable")][:k]
+    else:
+        idx = np.argsort(-lp, kind="stable")
     return [(int(i), float(lp[i])) for i in idx]
 
 

@@ -232,21 +232,25 @@ def test_options_are_validated_before_anything_runs():
             "launch": {"python": "p", "command": ["c"]}}}, "gates": {"agreement": {"min_top1": 0.5}}})
 
 
-def _served_config(tmp_path: Path, folder: Path) -> Path:
+def _served_config(tmp_path: Path, folder: Path, mode: str) -> Path:
+    """Gate 1 of a stand-in candidate (`STANDIN_MODE` `mode`) against a stand-in reference, both started by qval,
+    their pids in `cand.pid` and `ref.pid`: no model is loaded, so the run reaches its gate in seconds."""
+    def launch(who: str, mode: str = "") -> dict:
+        return {"command": [sys.executable, STANDIN], "model": str(folder), "startup_timeout_s": 120,
+                "env": {"STANDIN_MODE": mode, "STANDIN_PIDFILE": str(tmp_path / f"{who}.pid")}}
+
     return write_config(tmp_path, {
-        "name": "served_standin", "model": {"source": "default", "dtype": "float32"}, "quant": {"format": "none"},
-        "engine": {"backend": "served", "options": {"top_k": 8, "retries": 0, "launch": {
-            "command": [sys.executable, STANDIN], "model": str(folder), "startup_timeout_s": 120}}},
+        "name": "served_standin", "quant": {"format": "none"},
+        "model": {"source": "served", "served": {"top_k": 8, "retries": 0, "launch": launch("ref")}},
+        "engine": {"backend": "served", "options": {"top_k": 8, "retries": 0, "launch": launch("cand", mode)}},
         "gates": {"agreement": {"dataset": str(ROOT / "calib_data/heldout_eval.jsonl"), "tokens": 2048, "ctx": 512,
                                 "batch_size": 1, "min_top1": 0.0, "max_mean_kld": 100.0}},
-        "snapshot": {"enabled": False}, "report": {"dir": str(tmp_path / "runs")}})
+        "report": {"dir": str(tmp_path / "runs")}})
 
 
 def test_qval_killed_mid_gate_leaves_no_server(folder, tmp_path):
-    config = _served_config(tmp_path, folder)
-    pidfile = tmp_path / "pid"
-    env = {**os.environ, "STANDIN_MODE": "sleep:3", "STANDIN_PIDFILE": str(pidfile)}
-    proc = subprocess.Popen([sys.executable, "-m", "qval.cli", "gate", "--config", str(config)], env=env,
+    config = _served_config(tmp_path, folder, "sleep:3")
+    proc = subprocess.Popen([sys.executable, "-m", "qval.cli", "gate", "--config", str(config)],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     log = tmp_path / "runs" / "served_standin" / "served" / "server.log"
     end = time.monotonic() + 300
@@ -254,20 +258,20 @@ def test_qval_killed_mid_gate_leaves_no_server(folder, tmp_path):
         assert proc.poll() is None, proc.stdout.read()
         time.sleep(0.5)
     time.sleep(6)  # mid-gate: the first scoring requests are in flight
-    server = int(pidfile.read_text())
-    assert alive(server)
+    servers = {who: int((tmp_path / f"{who}.pid").read_text()) for who in ("cand", "ref")}
+    assert all(alive(pid) for pid in servers.values()), servers
     proc.send_signal(signal.SIGKILL)
     proc.wait()
-    assert wait_gone(server, 40), "the server outlived a qval killed with SIGKILL"
+    for who, pid in servers.items():
+        assert wait_gone(pid, 40), f"the {who} server outlived a qval killed with SIGKILL"
 
 
 def test_a_server_dying_mid_gate_is_exit_2_with_its_log(folder, tmp_path):
-    config = _served_config(tmp_path, folder)
-    pidfile = tmp_path / "pid"
-    env = {**os.environ, "STANDIN_MODE": "die_after:2", "STANDIN_PIDFILE": str(pidfile)}
-    out = subprocess.run([sys.executable, "-m", "qval.cli", "gate", "--config", str(config)], env=env, capture_output=True,
+    config = _served_config(tmp_path, folder, "die_after:2")
+    out = subprocess.run([sys.executable, "-m", "qval.cli", "gate", "--config", str(config)], capture_output=True,
                          text=True, timeout=900)
     text = out.stdout + out.stderr
     assert out.returncode == 2, text
     assert "no longer running" in text and "Traceback" not in text
-    assert not alive(int(pidfile.read_text()))
+    assert not alive(int((tmp_path / "cand.pid").read_text()))
+    assert wait_gone(int((tmp_path / "ref.pid").read_text()), 40), "the reference's server outlived the failed run"
