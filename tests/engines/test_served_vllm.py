@@ -3,8 +3,8 @@
 Needs vLLM's own environment: $QVAL_VLLM_PYTHON (`.ci/run` builds it and sets QVAL_REQUIRE_VLLM=1, which
 turns a missing vLLM from a skip into a failure). One output folder for the module: the reference's work
 goes into one snapshot, computed once and read by every served candidate. The runs are the shipped check
-cut down (`variant`): gate 1, depth and retrieval as shipped, gates 2 and 3 at a few prompts each, gate 4
-with two of its three suites (`CUT`: what the first test reads of them is that they ran against the server and
+cut down (`variant`): gate 1 and depth as shipped, gates 2 and 3 at a few prompts each, retrieval at 9 of its
+20 needles, gate 4 with two of its three suites (`CUT`: what the first test reads of them is that they ran against the server and
 passed); a test that reads one gate runs that gate alone, on the positions it needs. One damaged folder serves both tests that serve a damaged layer.
 
 - the built-in model served as it is: APPROVE, and the exact figures (top-1, NLL, Δp, KLD) equal the
@@ -56,11 +56,14 @@ def out(tmp_path_factory, vllm_python):
     return tmp_path_factory.mktemp("served_vllm")
 
 
-#: the shipped check's budgets cut for gates 2 and 3 (the limits as shipped): a few short generations each.
+#: the shipped check's budgets cut for gates 2 and 3 and retrieval (the limits as shipped): a few short generations.
 #: Gate 4's suites keep their 40 items (at fewer, a suite's flip-rate bound exceeds its limit with no flip); of its
 #: three, `recall` (generated answers) and `cloze` (a word read through prompt log-probabilities) stay: `choice`
 #: scores its options through the same requests as `cloze`, at four requests an item (81 s of the run on CI's CPU).
-CUT = {"quality": {"bleu_max_new_tokens": 16}, "longgen": {"max_prompts": 2, "new_tokens": 320, "edge": 64}}
+CUT = {"quality": {"bleu_max_new_tokens": 16}, "longgen": {"max_prompts": 2, "new_tokens": 320, "edge": 64},
+       # 9 needles of the shipped 20: a short, a middle and the longest context, each at its start, middle and end
+       # (the 600-token window still loses the needles more than 600 positions back: 3 of the 9)
+       "retrieval": {"lengths": [256, 1024, 2048], "depths": [0.0, 0.5, 1.0]}}
 CUT_SUITES = ("recall", "cloze")
 
 
