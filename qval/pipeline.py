@@ -139,6 +139,18 @@ def build(s: Session, calib: Stage | None) -> Any:
     return s._candidate
 
 
+@dataclass
+class Pending:
+    """A gate that needs the reference again to finish (a sequential run's last phase): what `GateSpec.complete`
+    and the stage's record take once the candidate has left."""
+
+    spec: Any  # its GateSpec (qval.gates)
+    stage: Stage
+    started: float  # when its stage began (Stage.begin)
+    ctx: GateContext
+    before: dict[str, Any] | None  # the snapshot's usage before the gate, where the reference keeps one
+
+
 def run_gates(s: Session, calib: Stage | None, fail_fast: bool = False) -> dict[str, GateResult]:
     """Every enabled gate in order. With `fail_fast`, once a gate fails its own checks the later
     gates are not run: they are recorded as "skipped" and their checks fail, so the verdict is the
@@ -146,7 +158,7 @@ def run_gates(s: Session, calib: Stage | None, fail_fast: bool = False) -> dict[
     results: dict[str, GateResult] = {}
     shared = s.run.path.parent / ".reference"  # next to the run folders (--out or report.dir), shared by every candidate
     rejected_by: str | None = None
-    pending: list[tuple[Any, ...]] = []
+    pending: list[Pending] = []
     for spec in GATES.ordered():
         if not spec.enabled(s.config):
             continue
@@ -176,7 +188,7 @@ def run_gates(s: Session, calib: Stage | None, fail_fast: bool = False) -> dict[
                                   folder=stage.path, progress=s.progress, upstream=results)
                 result = spec.run(ctx)
             if result.status == "pending":  # finished once the reference is back (a sequential run's last phase)
-                pending.append((spec, stage, started, ctx, before, mem))
+                pending.append(Pending(spec, stage, started, ctx, before))
                 results[spec.name] = result
                 continue
             _finish(s, stage, started, result, reference, before, mem)
@@ -187,19 +199,19 @@ def run_gates(s: Session, calib: Stage | None, fail_fast: bool = False) -> dict[
         # the candidate leaves (every reference to it: the session's, the gates' contexts, this loop's),
         # the reference comes back: one model in memory at a time
         for entry in pending:
-            entry[3].candidate = None
+            entry.ctx.candidate = None
         if hasattr(s._candidate, "release"):
             s._candidate.release()
         s._candidate = candidate = ctx = None  # noqa: F841
         free_memory()
         reference = s.ref.for_gates(shared, in_memory=True)
-        for spec, stage, started, ctx, before, _ in pending:
-            s.progress.log(f"gate {spec.name}: the reference finishes what needed the candidate's output")
+        for entry in pending:
+            s.progress.log(f"gate {entry.spec.name}: the reference finishes what needed the candidate's output")
             with PhaseMemory() as mem:
-                ctx.reference = reference
-                result = spec.complete(ctx, results[spec.name])
-            _finish(s, stage, started, result, reference, before, mem)
-            results[spec.name] = result
+                entry.ctx.reference = reference
+                result = entry.spec.complete(entry.ctx, results[entry.spec.name])
+            _finish(s, entry.stage, entry.started, result, reference, entry.before, mem)
+            results[entry.spec.name] = result
     return results
 
 
