@@ -232,17 +232,21 @@ def test_options_are_validated_before_anything_runs():
             "launch": {"python": "p", "command": ["c"]}}}, "gates": {"agreement": {"min_top1": 0.5}}})
 
 
+def standin_launch(folder: Path, tmp: Path, who: str, mode: str = "") -> dict:
+    """A config's `launch` section that starts the stand-in (`STANDIN_MODE` `mode`), its pid in `tmp/<who>.pid`."""
+    return {"command": [sys.executable, STANDIN], "model": str(folder), "startup_timeout_s": 120,
+            "env": {"STANDIN_MODE": mode, "STANDIN_PIDFILE": str(tmp / f"{who}.pid")}}
+
+
 def _served_config(tmp_path: Path, folder: Path, mode: str) -> Path:
     """Gate 1 of a stand-in candidate (`STANDIN_MODE` `mode`) against a stand-in reference, both started by qval,
     their pids in `cand.pid` and `ref.pid`: no model is loaded, so the run reaches its gate in seconds."""
-    def launch(who: str, mode: str = "") -> dict:
-        return {"command": [sys.executable, STANDIN], "model": str(folder), "startup_timeout_s": 120,
-                "env": {"STANDIN_MODE": mode, "STANDIN_PIDFILE": str(tmp_path / f"{who}.pid")}}
-
     return write_config(tmp_path, {
         "name": "served_standin", "quant": {"format": "none"},
-        "model": {"source": "served", "served": {"top_k": 8, "retries": 0, "launch": launch("ref")}},
-        "engine": {"backend": "served", "options": {"top_k": 8, "retries": 0, "launch": launch("cand", mode)}},
+        "model": {"source": "served", "served": {"top_k": 8, "retries": 0,
+                                                 "launch": standin_launch(folder, tmp_path, "ref")}},
+        "engine": {"backend": "served", "options": {"top_k": 8, "retries": 0,
+                                                    "launch": standin_launch(folder, tmp_path, "cand", mode)}},
         "gates": {"agreement": {"dataset": str(ROOT / "calib_data/heldout_eval.jsonl"), "tokens": 2048, "ctx": 512,
                                 "batch_size": 1, "min_top1": 0.0, "max_mean_kld": 100.0}},
         "report": {"dir": str(tmp_path / "runs")}})

@@ -24,14 +24,10 @@ from qval.config import load_config, parse_config
 from qval.errors import ModelError, QvalError
 from qval.pipeline import run_gate
 from tests.conftest import ROOT, write_config
-from tests.engines.test_served import STANDIN, folder, wait_gone  # noqa: F401  (folder: a fixture)
+from tests.engines.test_served import folder, wait_gone  # noqa: F401  (folder: a fixture)
+from tests.engines.test_served import standin_launch as _launch
 
 GATE1 = {"dataset": str(ROOT / "calib_data/heldout_eval.jsonl"), "tokens": 1024, "ctx": 256, "batch_size": 1}
-
-
-def _launch(folder: Path, tmp: Path, who: str, mode: str = "") -> dict:
-    return {"command": [sys.executable, STANDIN], "model": str(folder), "startup_timeout_s": 120,
-            "env": {"STANDIN_MODE": mode, "STANDIN_PIDFILE": str(tmp / f"{who}.pid")}}
 
 
 def _config(tmp: Path, folder: Path, name: str, cand_mode: str = "", **limits: float) -> dict:
