@@ -422,6 +422,10 @@ def figures(report: dict[str, Any]) -> dict[str, Any]:
             "versions": (report.get("environment") or {}).get("versions")}
 
 
+#: the served runs of one FP8-KV export, set side by side in the run-to-run table, in this order
+REPEAT = ("served_vllm_fp8", "served_vllm_fp8_fresh2", "served_same_run1", "served_same_run2", "served_batchinv_run1",
+          "served_batchinv_run2", "served_kv_x1000", "served_kv_div1000")
+
 #: engine run -> the in-process runs of the same candidate it is set beside
 PAIRS = {"served_vllm_fp8": ("sim_fakequant_kvfp8", "sim_realquant_kvfp8"),
          "served_vllm_fp8_kvfp16": ("sim_fakequant_kvfp16", "sim_realquant_kvfp16")}
@@ -478,12 +482,27 @@ def markdown(folder: Path) -> str:
             out.append(f"| {key} | " + " | ".join(fmt(v) for v in vals) + f" | {ratio} |")
         out.append("| verdict | " + " | ".join(rows[c]["decision"] for c in cols) + " | |")
         out.append("")
-    repeat = [n for n in ("served_vllm_fp8", "served_same_run1", "served_same_run2", "served_kv_x1000") if n in rows]
+    repeat = [n for n in REPEAT if n in rows]
     if repeat:
         keys = [k for k in rows[repeat[0]]["checks"] if k.startswith(("agreement/", "depth/"))]
-        out += ["**Run to run** (the FP8-KV export; `served_same_run1/2`: one server twice; `served_kv_x1000`: its K/V "
-                "scales × 1000)", "", "| check | " + " | ".join(repeat) + " |", "|---" * (len(repeat) + 1) + "|"]
+        out += ["**Run to run** (the FP8-KV export; `served_vllm_fp8(_fresh2)`: a fresh server each; `served_same_run1/2`: "
+                "one server twice; `served_batchinv_run1/2`: one server twice in vLLM's batch-invariant mode, beside "
+                "`served_same`; `served_kv_x1000` / `_div1000`: the export's K/V scales × 1000 / ÷ 1000)", "",
+                "| check | " + " | ".join(repeat) + " |", "|---" * (len(repeat) + 1) + "|"]
         out += [f"| {k} | " + " | ".join(fmt(rows[n]["checks"].get(k)) for n in repeat) + " |" for k in keys]
+        out += ["| gate 1 / depth seconds | " + " | ".join(
+            " / ".join(f"{rows[n]['stages'][g]:.1f}" if g in rows[n]["stages"] else "–" for g in ("gate_agreement", "gate_depth"))
+            for n in repeat) + " |"]
+        out.append("")
+    inproc = next((n for n in ("served_vllm_fp8_fresh2", "served_vllm_fp8") if n in rows), None)
+    if "served_ref_bf16_vs_fp8" in rows and inproc:
+        both, one = rows["served_ref_bf16_vs_fp8"]["checks"], rows[inproc]["checks"]
+        keys = [k for k in both if k in one]
+        out += [f"**A served reference** (the same FP8-KV export served; its reference in qval's process, `{inproc}`, "
+                "against vLLM serving the bf16 reference, `served_ref_bf16_vs_fp8`: both sides served)", "",
+                f"| check | reference in process | served reference | ÷ |", "|---|---|---|---|"]
+        out += [f"| {k} | {fmt(one[k])} | {fmt(both[k])} | "
+                + (f"{both[k]['value'] / one[k]['value']:.3f}" if one[k]["value"] else "") + " |" for k in keys]
         out.append("")
     emul = folder / "fa3_fp8_emulation.json"
     if emul.is_file():
@@ -504,8 +523,10 @@ def matmul_flops_per_token(shape: dict[str, Any]) -> float:
     return 2.0 * (layers * per_layer + h * shape["vocab_size"])
 
 
-def speed_markdown(status: dict[str, Any]) -> str:
-    """The 8B-shaped servers' own rates (`speed8b`), each against the same run's bf16 matmul rate."""
+def speed_markdown(folder: Path) -> str:
+    """The 8B-shaped servers' own rates (`speed8b`), each against the same run's bf16 matmul rate, and the whole
+    served check's seconds per stage (the stages that finished)."""
+    status = json.loads((folder / "status.json").read_text())
     s = status.get("speed8b") or {}
     if not s.get("rates"):
         return ""
@@ -519,6 +540,18 @@ def speed_markdown(status: dict[str, Any]) -> str:
         pre = r["prefill_tok_s"]
         out.append(f"| {tag} | {pre:,.0f} ({pre * flops / peak:.2f}) | {r['scoring_top20_tok_s']:,.0f} (1/{pre / r['scoring_top20_tok_s']:.1f}) "
                    f"| {r['scoring_top128_tok_s']:,.0f} (1/{pre / r['scoring_top128_tok_s']:.0f}) | {r['decode_tok_s']:,.0f} |")
+    # stored as stages/gate_X.done.json, or as a collected run leaves them: runs/speed8b_served/gate_X/done.json
+    done = {p.name.removesuffix(".done.json").removeprefix("gate_"): json.loads(p.read_text())["seconds"]
+            for p in (folder / "stages").glob("gate_*.done.json")}
+    done |= {p.parent.name.removeprefix("gate_"): json.loads(p.read_text())["seconds"]
+             for p in folder.glob("runs/speed8b_served/gate_*/done.json")}
+    if done:
+        whole = status.get("speed8b_served") or {}
+        order = [g for g in ("agreement", "depth", "quality", "longgen", "retrieval", "tasks") if g in done]
+        out += ["", f"**The whole served check** (`speed8b_served`, both sides served: {whole.get('state', '?')} after "
+                f"{whole.get('seconds', '?')} s; the stages that finished)", "",
+                "| " + " | ".join(order) + " | sum |", "|---" * (len(order) + 1) + "|",
+                "| " + " | ".join(f"{done[g]:.1f}" for g in order) + f" | {sum(done.values()):.1f} |"]
     return "\n".join(out)
 
 
@@ -537,7 +570,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     if args.cmd == "markdown":
         print(markdown(args.folder) if list(args.folder.glob("*.report.json.gz")) else
-              speed_markdown(json.loads((args.folder / "status.json").read_text())))
+              speed_markdown(args.folder))
         return 0
     if args.cmd == "table":
         table(args.work, args.out)

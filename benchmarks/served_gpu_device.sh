@@ -10,7 +10,9 @@
 #   mkdir -p .g1 .g2; head -c 49181216 $GGUF > .g1/part_aa; tail -c +49181217 $GGUF > .g2/part_ab
 # Calls (each `bash benchmarks/served_gpu_device.sh VERB …`, carry as named):
 #   [.whl .vp0] keep   [.g1] keep   [.g2] start sim:600   [.vp1] keep   [.vp2] keep   [.vp3] keep
-#   [.vp4] start speed8b:480,served:540+extras:600   then   wait 570   until no phase runs
+#   [.vp4] start served:540,extras:540,speed8b:540   then   wait 570   until no phase runs
+#   (a phase's deadline kills what is still running: on 2026-12-06 extras' served reference needed more than 450 s beside
+#   five other servers, the whole 8B check more than 269 s after the servers' rates)
 # Verbs:
 #   keep            install .whl/ into /tmp/site; keep GGUF and vLLM parts; the GGUF assembled, vLLM installed (6 s)
 #                   into $HOME/vsite once all their parts are here (sha256 checked)
@@ -72,7 +74,7 @@ collect() {
   cp "$WORK/status.json" "$OUT/" 2>/dev/null
   ( cd "$WORK" && tar czf "$OUT/sg.tar.gz" --exclude='*.safetensors' --exclude='*.npy' --exclude='*.npz' --exclude='*.pt' \
       --exclude='*.bin' --exclude='*.gguf' --exclude='export_kv_x1000' --exclude='export_kv_div1000' --exclude='ref_bf16' --exclude='l8b' \
-      status.json configs logs phase_*.log $(ls fa3_fp8_emulation.json 2>/dev/null) $(cd "$WORK" && find runs -name report.json -o -name report.md -o -name server.log 2>/dev/null) )
+      status.json configs logs phase_*.log $(ls fa3_fp8_emulation.json 2>/dev/null) $(cd "$WORK" && find runs -name report.json -o -name report.md -o -name server.log -o -name done.json 2>/dev/null) )
   ls -la "$OUT"
 }
 
