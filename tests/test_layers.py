@@ -171,10 +171,12 @@ def test_the_count_sees_a_planted_climb(tmp_path):
     assert unplaced(tmp_path, "pkg", layers[1:]) == ["pkg", "pkg.low", "pkg.sub"]
 
 
-def test_every_gate_package_is_placed():
+def test_every_gate_package_is_placed_and_registered():
     from qval.gate_registry import names
 
-    assert list(GATE_PACKAGES) == names(), "place each gate package's parts in LAYERS (GATE_PACKAGES)"
+    packages = sorted(p.parent.name for p in (ROOT / "qval" / "gates").glob("*/__init__.py"))
+    assert sorted(GATE_PACKAGES) == packages, "place each gate package in GATE_PACKAGES (tests/test_layers.py)"
+    assert list(GATE_PACKAGES) == names(), "register each gate package in qval/gate_registry.py, in run order"
 
 
 #: the layers the lower layers must not load: the engines and everything above them
