@@ -59,7 +59,7 @@ def documents(path: Path, tok_encode: Any, max_tokens: int) -> tuple[list[str], 
 def qval_windows(docs: list[list[int]], prefix: int, window: int) -> list[tuple[list[int], int]]:
     """(input ids, tokens scored at its end) for every window of every document, qval's
     sliding windows with window W+1, stride W over [prefix] + document."""
-    from qval.gates.quality import sliding_windows
+    from qval.gates.quality.run import sliding_windows
 
     out = []
     for toks in docs:

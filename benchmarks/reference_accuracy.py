@@ -32,7 +32,7 @@ def retrieval(a: argparse.Namespace) -> None:
     from qval.data import load_dataset, token_stream
     from qval.engines.hf import HFEngine
     from qval.gates.needles import build_trials
-    from qval.gates.retrieval import mark
+    from qval.gates.retrieval.run import mark
     from qval.models import load_model
 
     lm = load_model(ModelConfig())
@@ -58,7 +58,8 @@ def retrieval(a: argparse.Namespace) -> None:
 def tasks(a: argparse.Namespace) -> None:
     from qval.config import ModelConfig, parse_config
     from qval.engines.hf import HFEngine
-    from qval.gates import GATES, GateContext
+    from qval.gates import GATES
+    from qval.gates.base import GateContext
     from qval.models import load_model
 
     lm = load_model(ModelConfig())

@@ -116,8 +116,8 @@ def long_config(plan: dict[str, Any], spec: dict[str, Any], report_dir: Path, pi
 def retrieval_work(cfg: Any, tok: Any, m: dict[str, Any], hw: dict[str, Any], seconds: float | None) -> dict[str, Any]:
     """What the retrieval gate put through both models (the trials rebuilt as the gate builds them:
     each prompt prefilled whole, the lm_head on its last position only, then the answer but its last token)."""
-    from qval.gates import GateContext
-    from qval.gates.retrieval import trials_for
+    from qval.gates.base import GateContext
+    from qval.gates.retrieval.run import trials_for
 
     ctx = GateContext(config=cfg, reference=None, candidate=None, tokenizer=tok, folder=Path("."))
     trials, _ = trials_for(ctx)
@@ -146,8 +146,8 @@ def long_context(loaded: Any, tok: Any, spec: dict[str, Any], work: Path, hw: di
     import torch
 
     from qval import pipeline
-    from qval.gates import GateContext
-    from qval.gates import depth as depth_gate
+    from qval.gates.base import GateContext
+    from qval.gates.depth import run as depth_gate
     from qval.progress import Progress
 
     m = model_facts(loaded.model)

@@ -40,7 +40,7 @@ def k_table(ref: Any, cand: Any, cfg: Any, tok: Any, ks: list[int], name: str) -
     import numpy as np
     import torch
 
-    from qval.gates.agreement import chunks_for
+    from qval.gates.agreement.run import chunks_for
     from qval.metrics.tokens import token_stats
     from qval.metrics.compact import TAIL_POINTS, compress, stats
 

@@ -33,7 +33,7 @@ def k_table(ref: Any, cand: Any, cfg: Any, tok: Any, ks: list[int], name: str, s
     import numpy as np
     import torch
 
-    from qval.gates.agreement import chunks_for
+    from qval.gates.agreement.run import chunks_for
     from qval.logits import from_topk
     from qval.metrics.tokens import token_stats
 

@@ -2,7 +2,8 @@
 
 Every section is a pydantic model with `extra="forbid"`, so a misspelt key is an error that
 names the file, the key and the keys that are allowed. `load_config` is the only entry point.
-The gate sections are in `qval.config_gates`, their limits in the tables of `qval.gate_metrics`.
+The `gates:` section is `qval.config_gates.GatesConfig`; each gate's own section is its package's
+`config.py` (`qval/gates/<name>/`), its limits the rows of its package's table (`metrics.py`).
 """
 
 from __future__ import annotations
@@ -14,11 +15,8 @@ from typing import Annotated, Any, Literal
 import yaml
 from pydantic import Field, ValidationError, field_validator, model_validator
 
-# the gate sections live in config_gates; every name is importable from here as before
-from .config_gates import (  # noqa: F401
-    AgreementGate, CountLimit, DepthGate, GatesConfig, LongGenGate, QualityGate, RetrievalGate, Sized, Strict,
-    TaskSuite, TasksGate, Limit,
-)
+from .config_base import CountLimit, Limit, Sized, Strict  # noqa: F401  (the gate sections' limits, importable here)
+from .config_gates import GatesConfig
 from .config_types import format_errors, mistyped, non_finite  # noqa: F401  (non_finite: importable from here as before)
 from .config_served import served_location, served_reference_fits
 from .backends import BACKENDS, ServedOptions, needs_calibration

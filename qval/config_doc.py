@@ -1,10 +1,10 @@
 """docs/config.md's reference, generated from the config schema.
 
-Every section and field of `GateConfig` (`qval.config`, `qval.config_gates`) and every engine
+Every section and field of `GateConfig` (`qval.config`, each gate's `config.py`) and every engine
 backend's `engine.options` model (`qval.backends`): its type and allowed values, its
 default, and what it means. The meaning is the field's `description=` if it has one, else the
 comments written beside it in its class (`#:` lines above it, a `# …` on its line), else a line
-from `NOTES` below; a gate's limit also shows its row of `qval.gate_metrics` (what it limits, how
+from `NOTES` below; a gate's limit also shows its row of its gate's table (what it limits, how
 it is met). A field added to the schema appears here with no other edit.
 
     python -m qval.config_doc           # rewrite the reference in docs/config.md
@@ -34,7 +34,8 @@ from typing import Any, Literal
 from pydantic import BaseModel, ValidationError
 from pydantic_core import PydanticUndefined
 
-from . import gate_metrics
+from .gate_metrics import Metric
+from .gate_registry import TABLES
 from .config import GateConfig
 from .backends import BACKENDS
 
@@ -192,8 +193,8 @@ def type_text(ann: Any) -> str:
     return {bool: "boolean", int: "integer", float: "number", str: "string", Any: "anything"}.get(ann, getattr(ann, "__name__", str(ann)))
 
 
-def _metric(cls: type[BaseModel], name: str) -> gate_metrics.Metric | None:
-    for table in gate_metrics.TABLES:
+def _metric(cls: type[BaseModel], name: str) -> Metric | None:
+    for table in TABLES:
         section = GateConfig.model_fields["gates"].annotation.model_fields.get(table.gate)  # type: ignore[union-attr]
         holder = section.annotation if section else None
         if table.per and holder is not None:
@@ -208,7 +209,7 @@ def field_row(cls: type[BaseModel], name: str) -> tuple[str, str, str, str]:
     kind = type_text(field.annotation)
     bounds = _constraints(field.metadata)
     m = _metric(cls, name)
-    if m is not None:  # a limit: gates 2 and 3 check it by its row (config_gates._limit), the others by pydantic
+    if m is not None:  # a limit: gates 2 and 3 check it by its row (config_base.check_limit), the others by pydantic
         inner = next((_constraints(typing.get_args(a)[1:]) for a in typing.get_args(field.annotation)
                       if typing.get_origin(a) is typing.Annotated), None)
         rng = " ".join(inner or bounds or [f"in [{m.lo:g}, {m.hi:g}]" if m.hi is not None else f"≥ {m.lo:g}"])
@@ -223,7 +224,7 @@ def field_row(cls: type[BaseModel], name: str) -> tuple[str, str, str, str]:
 
 
 def _sized() -> type[BaseModel]:
-    from .config_gates import Sized
+    from .config_base import Sized
 
     return Sized
 

@@ -1,4 +1,6 @@
-"""Gate metrics: one table per gate, one row per figure a gate is judged on.
+"""Gate metrics: what a gate's table is. A table (`GateMetrics`) has one row (`Metric`) per figure a gate is
+judged on; each gate's own table is its package's `metrics.py` (`qval.gates.agreement.metrics.AGREEMENT`), and
+`qval.gate_registry.TABLES` lists them in the config sections' order.
 
 A row names the figure (its key in `GateResult.measurements`), the config field that limits it,
 the direction, the words a report prints beside it, which kinds of limit it takes (absolute, or
@@ -9,12 +11,8 @@ are read from here, so adding a metric is one row plus its computation.
 
 Torch-free and pydantic-free: `qval.config` imports it.
 
->>> AGREEMENT.fields
-('min_top1', 'max_mean_kld', 'max_p99_kld')
->>> DEPTH.by_field("max_mean_kld").describe(where="at context depths 0–512")
-'mean KLD(ref‖cand) at context depths 0–512, nats'
->>> sorted(RETRIEVAL.cache_exclude())
-['enabled', 'margin', 'margin_overall', 'max_answer_kld', 'min_reference_accuracy']
+>>> Metric("top1", "min_top1", "min", "top-1 agreement {where}").describe(where="at depth 512")
+'top-1 agreement at depth 512'
 """
 
 from __future__ import annotations
@@ -85,7 +83,7 @@ class Metric:
     op: Literal["min", "max"]
     label: str  # Threshold.description; a {name} in it is filled by the gate (a depth, a language, a suite)
     kinds: tuple[str, ...] = ABSOLUTE  # or EITHER
-    lo: float = 0.0  # a limit must lie in [lo, hi] (`config_gates._limit`, or the field's pydantic bounds)
+    lo: float = 0.0  # a limit must lie in [lo, hi] (`config_base.check_limit`, or the field's pydantic bounds)
     hi: float | None = None
     integer: bool = False  # the limit counts prompts
     on: Literal["value", "lo", "hi"] = "value"  # the end of the figure's interval an absolute limit is met by
@@ -125,76 +123,5 @@ class GateMetrics:
         return {"enabled": True, **({self.per: {"__all__": verdict}} if self.per else verdict)}
 
 
-def _eos_allowed(section: Any) -> bool:
-    return not section.suppress_eos
-
-
-AGREEMENT = GateMetrics("agreement", (
-    Metric("top1", "min_top1", "min", "top-1 agreement with the reference (teacher-forced)", hi=1.0, sweep="top-1"),
-    Metric("mean_kld", "max_mean_kld", "max", "mean KLD(ref‖cand) per scored token, nats", sweep="mean KLD"),
-    Metric("p99_kld", "max_p99_kld", "max", "99th percentile of per-token KLD, nats", sweep="p99 KLD"),
-))
-
-QUALITY = GateMetrics("quality", (
-    # a ratio limit below 1 would demand a candidate better than the reference
-    Metric("ppl_ratio", "max_ppl_ratio", "max", "PPL_cand / PPL_ref over the scored positions", EITHER, lo=1.0, sweep="PPL ratio"),
-    # per language: {per} is " on the <lang> prompts, points"
-    Metric("bleu_drop", "max_bleu_drop", "max", "reference BLEU − candidate BLEU{per}", EITHER, hi=100.0),
-    Metric("chrf_drop", "max_chrf_drop", "max", "reference chrF − candidate chrF{per}", EITHER, hi=100.0),
-))
-
-# The first three compare the candidate with the reference (or with its own early positions): the
-# only spread to size them from is the candidate's own, so a noisier candidate would get a looser
-# limit. They take absolute limits, met by the 95% interval's bound, so noise makes them stricter.
-LONGGEN = GateMetrics("longgen", (
-    Metric("late_top1", "min_late_top1", "min",
-           "top-1 agreement on the reference's continuation, last `edge` positions", hi=1.0, on="lo"),
-    Metric("late_kld", "max_late_kld", "max",
-           "mean KLD(ref‖cand) on the reference's continuation, last `edge` positions, nats", on="hi", sweep="late KLD"),
-    Metric("late_drift", "max_late_drift", "max",
-           "late mean KLD − early mean KLD, nats (error that accumulates with context)", on="hi"),
-    Metric("seq_rep4_excess", "max_seq_rep4_excess", "max",
-           "candidate late seq-rep-4 − reference late seq-rep-4 (mean over prompts)", EITHER, hi=1.0,
-           sizing=Spread("ref_late_seq_rep4_sigma")),
-    # the median over prompts: a candidate whose greedy path falls into another loop where the reference's
-    # own text loops is scored against a loop's near-zero NLL, a heavy per-prompt tail that carried the mean
-    # (benchmarks/RESULTS.md §12, "Judge NLL"); damage that moves most prompts moves the median
-    Metric("judge_nll_excess", "max_judge_nll_excess", "max",
-           "reference NLL of the candidate's late text − of its own late text, nats/token, median over prompts",
-           EITHER, sizing=Spread("ref_late_nll_sigma", median=True)),
-    Metric("loops_excess", "max_loops_excess", "max",
-           "prompts whose continuation ends in a loop: candidate − reference", EITHER, integer=True,
-           sizing=Rate("ref_loop_rate")),
-    Metric("premature_eos_excess", "max_premature_eos_excess", "max",
-           "prompts stopped by EOS before new_tokens: candidate − reference", EITHER, integer=True,
-           sizing=Rate("ref_eos_rate"), applies=_eos_allowed),
-))
-
-DEPTH = GateMetrics("depth", (  # every limit applies to every depth bucket: `{metric}@{bucket}`
-    Metric("top1", "min_top1", "min", "top-1 agreement {where} (teacher-forced)", hi=1.0),
-    Metric("mean_kld", "max_mean_kld", "max", "mean KLD(ref‖cand) {where}, nats", sweep="depth mean KLD"),
-    Metric("p99_kld", "max_p99_kld", "max", "99th percentile of per-token KLD {where}, nats"),
-))
-
-_NON_INFERIOR = "its one-sided {level} upper bound must stay within the margin (non-inferiority)"
-
-RETRIEVAL = GateMetrics("retrieval", (
-    Metric("drop", "margin", "max", "retrieval accuracy drop (reference − candidate) {where}; " + _NON_INFERIOR,
-           hi=1.0, on="hi"),  # per context length: drop@<length>
-    Metric("drop", "margin_overall", "max", "retrieval accuracy drop (reference − candidate) {where}; " + _NON_INFERIOR,
-           hi=1.0, on="hi", sweep="retrieval drop"),
-    Metric("answer_kld", "max_answer_kld", "max",
-           "mean KLD(ref‖cand) on the pass-code tokens (teacher-forced on the true code), nats", on="hi"),
-), verdict_only=("min_reference_accuracy",))
-
-TASKS = GateMetrics("tasks", (  # per suite: drop@<suite>, flip_rate@<suite>
-    Metric("drop", "margin", "max", "{what} on suite {suite}; " + _NON_INFERIOR, on="hi"),
-    Metric("flip_rate", "max_flip_rate", "max", "share of items of suite {suite} the two models mark differently; "
-           "its exact 95% upper bound must stay within the limit", hi=1.0, on="hi"),
-), verdict_only=("chance",), per="suites")
-
-#: in the order of the config's gate sections
-TABLES: tuple[GateMetrics, ...] = (AGREEMENT, QUALITY, LONGGEN, DEPTH, RETRIEVAL, TASKS)
-
-#: (gate, measurement, column header) of every sweep column, in table order
-SWEEP_FIGURES: tuple[tuple[str, str, str], ...] = tuple((t.gate, m.key, m.sweep) for t in TABLES for m in t.metrics if m.sweep)
+#: a non-inferiority check's label (retrieval's and gate 4's drops)
+NON_INFERIOR = "its one-sided {level} upper bound must stay within the margin (non-inferiority)"

@@ -28,7 +28,8 @@ from .engines.base import BuildContext
 from .engines.builders import BUILDERS, engine_identity
 from .environment import environment
 from .errors import ConfigError
-from .gates import GATES, GateContext, data_identities
+from .gates import GATES, data_identities
+from .gates.base import GateContext
 from .io import atomic_write_json, read_json
 from .memory import PhaseMemory, free_memory
 from .models import LoadedModel

@@ -25,7 +25,8 @@ from .data import dataset_identity, read_texts
 from .engines.builders import check_engine, engine_identity
 from .engines.served_reference import fingerprint as served_fingerprint
 from .errors import ModelError, QvalError
-from .gates import GATES, context_problem
+from .gates import GATES
+from .gates.base import context_problem
 from .io import hash_json
 from .quantize.modelopt_adapter import check_supported
 

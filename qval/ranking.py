@@ -19,7 +19,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from .judges import tasks
+from .gates.tasks import judge as tasks
 
 POLICIES = ("smallest", "closest")
 _STATUS = {"APPROVE": 0, "REJECT": 1, "ERROR": 2}

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 from .config import GateConfig, load_config
 from .cost import kv_bytes_per_element, model_weight_bits
 from .errors import ConfigError, QvalError
-from .gate_metrics import SWEEP_FIGURES
+from .gate_registry import SWEEP_FIGURES
 from .io import atomic_write_json, atomic_write_text, hash_json
 from .ranking import rank_key, standing, worst_drop
 
@@ -97,7 +97,7 @@ class SweepEntry:
     def figures(self) -> dict[str, float | None]:
         out: dict[str, float | None] = {}
         gates = self.run.report["gates"] if self.run else {}
-        for g, m, _ in SWEEP_FIGURES:  # the rows of gate_metrics with a sweep column
+        for g, m, _ in SWEEP_FIGURES:  # the rows of the gates' tables with a sweep column
             e = gates.get(g, {}).get("measurements", {}).get(m)
             out[f"{g}.{m}"] = e.get("value") if e else None
         # gate 4: the worst suite's paired drop (reference − candidate), the answers' summary figure

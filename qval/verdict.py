@@ -13,7 +13,8 @@ from pathlib import Path
 from typing import Any, Literal
 
 from .errors import DataError
-from .gate_metrics import TABLES, Metric
+from .gate_metrics import Metric
+from .gate_registry import TABLES
 from .metrics import Estimate
 from .metrics.thresholds import absolute_rates
 from .results import Details, typed

@@ -157,7 +157,7 @@ def gate4_result(drops: list[float], items: int = 100) -> dict[str, Any]:
     `s<i>` per drop, of `items` items each, whose accuracy drop (reference − candidate) is the drop
     rounded to a multiple of 1/items (right→wrong flips, or wrong→right ones for a negative drop)."""
     from qval.config import parse_config
-    from qval.judges.tasks import summarize
+    from qval.gates.tasks.judge import summarize
 
     labels = [f"s{i}" for i in range(len(drops))]
     data = small_config("gate4", "none")

@@ -91,7 +91,7 @@ def test_planted_layer_fault_is_rejected(tmp_path, reports, patch_reference, mon
 
 
 def test_interrupted_run_resumes_without_recalibrating(tmp_path, reports, patch_reference, monkeypatch):
-    import qval.gates.agreement as agreement
+    import qval.gates.agreement.run as agreement
     import modelopt.torch.quantization as mtq
 
     data = no_diagnostics(small_config("resume", fmt="fp8"))

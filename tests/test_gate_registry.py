@@ -1,48 +1,78 @@
-"""Every gate is declared once (qval/gate_registry.py): the run order, the sets of gates each layer covers and
-the report's titles are derived from it, and each layer's own table of modules must cover exactly the declared
-gates (issue 52, "one gate, one place")."""
+"""Every gate is one package (`qval/gates/<name>/`), declared once in its `__init__` and registered once
+(qval/gate_registry.py): the run order, the config sections and their order, the tables, the sweep's columns,
+each layer's list of the gates' parts and the report's titles are all derived from the registry (issue 52, "one
+gate, one place")."""
 
 from __future__ import annotations
 
 import doctest
+import importlib
 
 import pytest
 
-from qval import gate_registry
+from qval import gate_decl, gate_registry
 from qval.config_gates import GatesConfig
-from qval.gate_metrics import TABLES
-from qval.gate_registry import DECLARED, covered, names
+from qval.gate_decl import PARTS, GateDecl
+from qval.gate_registry import DECLARED, SWEEP_FIGURES, TABLES, names, sections
+from qval.results.base import Details
+
+#: the two orders, as the reports, docs/config.md and sweep.md show them
+RUN_ORDER = ["agreement", "depth", "quality", "longgen", "retrieval", "tasks", "export_fidelity"]
+SECTION_ORDER = ["agreement", "quality", "longgen", "depth", "retrieval", "tasks"]
 
 
-def test_every_list_of_gates_follows_the_declaration():
+def test_the_two_orders():
+    assert names() == RUN_ORDER  # quality reads gate 1's positions: it runs after agreement
+    assert [d.name for d in sections()] == SECTION_ORDER
+
+
+def test_every_list_of_gates_follows_the_registry():
     from qval.gates import GATES
     from qval.judges import JUDGES
-    from qval.report import formatting, html, sections
+    from qval.report import formatting, html, sections as report_sections
     from qval.results import TYPES
 
-    order = names()
-    assert order[0] == "agreement" and order.index("quality") > order.index("agreement")  # quality reads gate 1's positions
-    assert [s.name for s in GATES.ordered()] == order
-    assert [j.gate for j in JUDGES] == order
-    assert list(TYPES) == order and list(sections.MARKDOWN) == order
-    assert list(formatting.TITLES) == order and list(html.TITLES) == order
+    assert [s.name for s in GATES.ordered()] == RUN_ORDER
+    assert [j.gate for j in JUDGES] == RUN_ORDER
+    assert list(TYPES) == RUN_ORDER and list(report_sections.MARKDOWN) == RUN_ORDER
+    assert list(formatting.TITLES) == RUN_ORDER and list(html.TITLES) == RUN_ORDER
+    assert list(GatesConfig.model_fields) == SECTION_ORDER
+    assert [t.gate for t in TABLES] == SECTION_ORDER
+    assert [g for g, _, _ in SWEEP_FIGURES] == sorted((g for g, _, _ in SWEEP_FIGURES), key=SECTION_ORDER.index)
 
 
-def test_the_declared_tables_are_the_config_sections():
-    with_table = {d.name: d.metrics for d in DECLARED.ordered() if d.metrics is not None}
-    assert all(t.gate == name for name, t in with_table.items())
-    assert set(with_table) == {t.gate for t in TABLES} == set(GatesConfig.model_fields)
-    assert {with_table[t.gate] for t in TABLES} == set(TABLES)
+def test_a_gate_is_one_package_whose_declaration_names_its_parts():
+    for d in DECLARED.ordered():
+        package = importlib.import_module(f"qval.gates.{d.name}")
+        assert package.GATE is d and d.package == package.__name__
+        assert (d.config is None) == (d.section_order is None) == (d.metrics is None), d.name
+        if d.metrics is not None:
+            assert d.metrics.gate == d.name
+            assert GatesConfig.model_fields[d.name].annotation is d.config
+            assert d.config.__module__ == f"{d.package}.config" and d.metrics is importlib.import_module(
+                f"{d.package}.metrics").__dict__[d.name.upper()]
+        assert issubclass(importlib.import_module(d.part("result")).DETAILS, Details)
+        judge = importlib.import_module(d.part("judge"))
+        assert callable(judge.enabled) and callable(judge.thresholds)
+        assert callable(importlib.import_module(d.part("section")).markdown)
+        assert importlib.import_module(d.part("run")).SPEC.name == d.name
 
 
-def test_a_layer_that_misses_a_gate_or_has_an_undeclared_one_is_refused():
-    full = dict.fromkeys(names(), 0)
-    assert [n for n, _ in covered("judge", full, "x")] == names()
-    with pytest.raises(ValueError, match="x has no judge for the declared gate.s. tasks"):
-        covered("judge", {k: v for k, v in full.items() if k != "tasks"}, "x")
-    with pytest.raises(ValueError, match="x has a judge for planted, which qval/gate_registry.py does not declare"):
-        covered("judge", {**full, "planted": 0}, "x")
+def test_a_section_left_out_is_on_only_where_its_gate_says_so():
+    defaults = GatesConfig.model_validate({"agreement": {"min_top1": 0.5}})
+    assert {n: getattr(defaults, n).enabled for n in SECTION_ORDER} == {n: n == "agreement" for n in SECTION_ORDER}
+    assert [d.name for d in DECLARED.ordered() if d.enabled_by_default] == ["agreement"]
 
 
-def test_the_module_doctest():
-    assert doctest.testmod(gate_registry).failed == 0
+def test_a_part_the_gate_lacks_is_named():
+    d = GateDecl("planted", "Planted", "qval.gates.planted")
+    with pytest.raises(ValueError, match="a gate has no part 'report'; its parts are result, judge, section, run"):
+        d.part("report")
+    with pytest.raises(ModuleNotFoundError, match="qval.gates.planted"):
+        importlib.import_module(d.part("judge"))
+    assert PARTS == ("result", "judge", "section", "run")
+
+
+@pytest.mark.parametrize("module", [gate_registry, gate_decl], ids=lambda m: m.__name__)
+def test_the_module_doctests(module):
+    assert doctest.testmod(module).failed == 0

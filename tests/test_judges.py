@@ -1,5 +1,5 @@
-"""The torch-free judging layer (qval/judges/): each gate's summaries, limits and the run's verdict import
-and run with torch blocked, and re-decide stored runs exactly as `qval gate` decided them.
+"""The torch-free judging layer (qval/judges.py, each gate's judge.py): each gate's summaries, limits and the run's
+verdict import and run with torch blocked, and re-decide stored runs exactly as `qval gate` decided them.
 
 The stored runs are the served CPU checks' reports in benchmarks/results (real vLLM, this CPU; RESULTS.md
 "Served engines"): one APPROVE, one REJECT with failures in five gates, sized and absolute limits,
@@ -77,7 +77,7 @@ def test_the_judges_doctests(name: str):
     import doctest
     import importlib
 
-    result = doctest.testmod(importlib.import_module(f"qval.judges.{name}"))
+    result = doctest.testmod(importlib.import_module(f"qval.gates.{name}.judge"))
     assert result.failed == 0
 
 
@@ -85,8 +85,8 @@ def test_the_judges_doctests(name: str):
 def test_a_check_is_a_typed_key_that_its_stored_name_reads_back_to(report: str, check: str, decision: str):
     """Every threshold a judge makes carries its key (gate, metric, bucket); report.json's "metric" is the key's
     name, read back to the same key (`CheckKey.parse`, for stored reports and the measured data), and the
-    gate_metrics row found from the key is the one the name's longest prefix named before keys were typed."""
-    from qval.gate_metrics import TABLES
+    table row found from the key is the one the name's longest prefix named before keys were typed."""
+    from qval.gate_registry import TABLES
     from qval.judges import thresholds_for
     from qval.verdict import Check, CheckKey, row_of
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from qval.judges.agreement import histogram
+from qval.gates.agreement.judge import histogram
 
 
 @pytest.mark.parametrize("kld", [

@@ -16,13 +16,18 @@ the four config modules -> the engines' registry, report.schema -> the gates, sn
 report -> diagnostics.stage (layers.csv), metrics.tokens -> snapshot.compact, and quantize.formats ->
 export.codecs (the decoders now live in quantize/codecs.py).
 
+A gate is one package, `qval/gates/<name>/`, whose modules sit in the layers of what they do: its declaration
+(`__init__`), `config` and `metrics` in config, `result` in measures, `judge` in judges, `section` in report and `run`
+in gates (`GATE_PARTS`).
+
 The second half runs Python: importing `qval.config`, `qval.judges` or `qval.report.schema` loads
-no torch, no gate and no engine module.
+no torch, no gate run module and no engine module (the last test says exactly which modules).
 """
 
 from __future__ import annotations
 
 import ast
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -33,20 +38,31 @@ from tests.test_imports import module_names
 
 ROOT = Path(__file__).resolve().parent.parent
 
+#: the gate packages (qval/gates/<name>/): each part's layer; the package's `__init__` (its declaration) is config's
+GATE_PACKAGES = ("agreement", "depth", "quality", "longgen", "retrieval", "tasks", "export_fidelity")
+GATE_PARTS = {"config": ("", ".config", ".metrics"), "measures": (".result",), "judges": (".judge",),
+              "report": (".section",), "gates": (".run",)}
+
+
+def _parts(layer: str) -> tuple[str, ...]:
+    return tuple(f"qval.gates.{g}{p}" for g in GATE_PACKAGES for p in GATE_PARTS.get(layer, ()))
+
+
 #: bottom to top: (layer, the modules in it)
 LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("foundation", ("qval", "qval.errors", "qval.io", "qval.checksum", "qval.registry", "qval.progress",
                     "qval.shortfall", "qval.stages", "qval.data")),
-    ("config", ("qval.config", "qval.config_gates", "qval.config_served", "qval.config_types", "qval.config_doc",
-                "qval.backends", "qval.gate_metrics", "qval.gate_registry", "qval.quantize", "qval.quantize.formats",
-                "qval.cost")),
-    ("measures", ("qval.logits", "qval.metrics", "qval.results")),
-    ("judges", ("qval.verdict", "qval.judges")),
-    ("report", ("qval.report",)),
+    ("config", ("qval.config", "qval.config_base", "qval.config_gates", "qval.config_served", "qval.config_types",
+                "qval.config_doc", "qval.backends", "qval.gate_metrics", "qval.gate_decl", "qval.gate_registry",
+                "qval.quantize", "qval.quantize.formats", "qval.cost", *_parts("config"))),
+    ("measures", ("qval.logits", "qval.metrics", "qval.results", *_parts("measures"))),
+    ("judges", ("qval.verdict", "qval.judges", *_parts("judges"))),
+    ("report", ("qval.report", *_parts("report"))),
     ("engines", ("qval.engines", "qval.models", "qval.placement", "qval.memory", "qval.determinism",
                  "qval.environment", "qval.calibration", "qval.quantize.modelopt_adapter", "qval.export")),
     ("store", ("qval.snapshot",)),
-    ("gates", ("qval.gates", "qval.suites", "qval.reference", "qval.export.gate", "qval.diagnostics")),
+    ("gates", ("qval.gates", "qval.suites", "qval.reference", "qval.export.gate", "qval.diagnostics",
+               *_parts("gates"))),
     ("pipeline", ("qval.pipeline", "qval.run_reference", "qval.preflight", "qval.diagnostics.stage", "qval.failures")),
     ("commands", ("qval.__main__", "qval.cli", "qval.sweep", "qval.ranking", "qval.parallel",
                   "qval.diagnostics.command", "qval.diagnostics.fallback", "qval.export.command")),
@@ -155,9 +171,39 @@ def test_the_count_sees_a_planted_climb(tmp_path):
     assert unplaced(tmp_path, "pkg", layers[1:]) == ["pkg", "pkg.low", "pkg.sub"]
 
 
+def test_every_gate_package_is_placed_and_registered():
+    from qval.gate_registry import names
+
+    packages = sorted(p.parent.name for p in (ROOT / "qval" / "gates").glob("*/__init__.py"))
+    assert sorted(GATE_PACKAGES) == packages, "place each gate package in GATE_PACKAGES (tests/test_layers.py)"
+    assert list(GATE_PACKAGES) == names(), "register each gate package in qval/gate_registry.py, in run order"
+
+
+#: the layers the lower layers must not load: the engines and everything above them
+ABOVE_THE_REPORT = [name for name, _ in LAYERS[[n for n, _ in LAYERS].index("engines"):]]
+
+
+def loaded_too_high(modules: list[str], layers=LAYERS) -> list[str]:
+    """torch's modules, and qval's modules of the engines' layer or above, except the package `qval.gates` itself."""
+    high = {i for i, (name, _) in enumerate(layers) if name in ABOVE_THE_REPORT}
+    return sorted(m for m in modules if m == "torch" or m.startswith("torch.")
+                  or (m.startswith("qval.") and m != "qval.gates" and layer_of(m, layers) in high))
+
+
+def test_the_lower_layers_check_sees_a_gate_run_module():
+    assert loaded_too_high(["qval.gates", "qval.gates.depth", "qval.gates.depth.result", "qval.config"]) == []
+    high = ["qval.gates.depth.run", "qval.gates.base", "qval.engines.hf", "torch", "qval.pipeline"]
+    assert loaded_too_high(high) == sorted(high)
+
+
 @pytest.mark.parametrize("module", ["qval.config", "qval.judges", "qval.report.schema"])
 def test_the_lower_layers_load_no_torch_gate_or_engine(module):
-    code = (f"import sys, {module}\n"
-            "print([m for m in sorted(sys.modules) if m == 'torch' or m.startswith(('torch.', 'qval.gates', 'qval.engines'))])")
+    """`import qval.config`, `qval.judges` or `qval.report.schema` loads no torch, no engine module (`qval.engines.*`)
+    and no gate: no module of the engines' layer or above in `LAYERS`, so no gate's run module (`qval.gates.<name>.run`,
+    `qval.export.gate`) and none of the code the runs share (`qval.gates.base`, `qval.gates.teacher_forced`,
+    `qval.gates.needles`), nor the store, the pipeline or a command. A gate's torch-free parts do load: its
+    declaration (`qval.gates.<name>`, which loads the package `qval.gates`, empty until `GATES` is read), its
+    `config` and `metrics`, and, below the report and the judges, its `result`, `judge` and `section`."""
+    code = f"import sys, json, {module}\nprint(json.dumps(sorted(sys.modules)))"
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True).stdout
-    assert out.strip() == "[]", f"import {module} loads {out.strip()}"
+    assert loaded_too_high(json.loads(out)) == [], f"import {module} loads these"

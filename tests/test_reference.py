@@ -14,7 +14,7 @@ import torch
 from qval import stages
 from qval.config import parse_config
 from qval.engines import concurrent
-from qval.gates import GateContext
+from qval.gates.base import GateContext
 from qval.reference import GenerationSettings, paired_generations, render_prompts
 from qval.snapshot.engine import LiveReference, MirrorCandidate, SnapshotReference
 from qval.snapshot.store import SnapshotStore

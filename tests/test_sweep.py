@@ -110,7 +110,7 @@ def test_equal_sized_candidates_rank_by_the_answers_they_lose_then_by_kld(tmp_pa
     assert a.figures()["tasks.worst_drop"] == 0.10 and c.figures()["tasks.worst_drop"] is None
     assert [e.config.name for e in result.ranked()] == ["b", "a", "c"]  # a gate-4 figure beats none
     # the sweep table's figure columns are the gate_metrics rows that name one, in table order
-    from qval.gate_metrics import SWEEP_FIGURES
+    from qval.gate_registry import SWEEP_FIGURES
     from qval.sweep import render
 
     head, rule, *rows = [line for line in render(result).splitlines() if line.startswith("|")]

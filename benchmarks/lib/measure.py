@@ -108,8 +108,8 @@ def scoring(ref: Any, cand: Any, tokenizer: Any, make_config: Callable[[int], An
             budgets: tuple[int, ...], reps: int) -> dict[str, Any]:
     """Gate 1 as qval runs it (both models, metrics, per-position arrays written) against the
     same chunks through the two models' forward passes alone; peak memory per token budget."""
-    from qval.gates import GateContext
-    from qval.gates import agreement
+    from qval.gates.base import GateContext
+    from qval.gates.agreement import run as agreement
 
     dev = ref.device
     out: dict[str, Any] = {"budgets": []}

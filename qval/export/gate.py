@@ -1,7 +1,7 @@
 """The `export_fidelity` gate: an export that does not hold the calibrated model is a REJECT.
 
-It runs for every backend that gates an export (`qval.judges.export_fidelity.EXPORTING_BACKENDS`) and reads the fidelity
-report the engine's build produced. Its checks: no failed fidelity check, no weight that
+It runs for every backend that gates an export (`EXPORTING_BACKENDS` of `qval.gates.export_fidelity.judge`) and
+reads the fidelity report the engine's build produced. Its checks: no failed fidelity check, no weight that
 decodes to another value than the calibrated quantizer gives (rounding-midpoint ties excepted,
 see `qval.export.fidelity`).
 """
@@ -13,9 +13,9 @@ from typing import Any
 from ..config import GateConfig
 from ..gates.base import GateContext, GateSpec
 from ..metrics.estimate import Estimate
-from ..judges.export_fidelity import NAME, enabled, thresholds
+from ..gates.export_fidelity.judge import NAME, enabled, thresholds
+from ..gates.export_fidelity.result import ExportFidelityDetails
 from ..results import parse
-from ..results.export_fidelity import ExportFidelityDetails
 from ..verdict import GateResult
 
 

@@ -1,32 +1,44 @@
-"""Gates: each gate module defines a `GateSpec` (its runner, the thresholds its config section
-sets, its inputs); `GATES` registers them in the run order `qval.gate_registry.DECLARED` declares.
+"""The gates, one package each (`qval/gates/<name>/`): its `__init__` declares it (`GateDecl`: its config section,
+its table of figures, its titles) and its modules are its parts, one per layer (`config`, `metrics`, `result`,
+`judge`, `section`, `run`). `qval.gate_registry` registers them in run order.
 
-The specs' parts (`GateContext`, `GateSpec`, `max_positions`, `context_problem`) live in
-`qval.gates.base` and are re-exported here; gate modules import them from there.
+`GATES` registers each gate's `GateSpec` (its run module's `SPEC`: its runner, the thresholds its config
+section sets, its inputs) in that order. It is read on first use: importing this package, as every import of a
+gate's declaration or of one of its torch-free parts does, loads no run module and no torch. The specs' parts
+(`GateContext`, `GateSpec`, `max_positions`, `context_problem`) are in `qval.gates.base`.
 """
 
 from __future__ import annotations
 
+from functools import cache
 from typing import TYPE_CHECKING, Any
-
-from ..export import gate as export_fidelity
-from ..gate_registry import covered
-from ..registry import Registry
-from . import agreement, depth, longgen, quality, retrieval, tasks
-from .base import GateContext, GateSpec, context_problem, max_positions  # noqa: F401
 
 if TYPE_CHECKING:
     from ..config import GateConfig
+    from ..registry import Registry
+    from .base import GateSpec
 
-GATES: Registry[GateSpec] = Registry("gate")
 
-_SPECS = {m.SPEC.name: m.SPEC for m in (agreement, depth, quality, longgen, retrieval, tasks, export_fidelity)}
-for _name, _spec in covered("gate module", _SPECS, "qval/gates/__init__.py"):
-    GATES.register(_name)(_spec)
-del _name, _spec
+@cache
+def _gates() -> "Registry[GateSpec]":
+    from ..gate_registry import parts
+    from ..registry import Registry
+
+    gates: Registry[GateSpec] = Registry("gate")
+    for d, run in parts("run"):
+        if run.SPEC.name != d.name:
+            raise ValueError(f"{d.part('run')}'s SPEC is named {run.SPEC.name!r}, not {d.name!r} as its gate declares")
+        gates.register(d.name)(run.SPEC)
+    return gates
+
+
+def __getattr__(name: str) -> Any:
+    if name == "GATES":
+        return _gates()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def data_identities(cfg: "GateConfig") -> dict[str, Any]:
     """Each enabled gate's data sets with their content hashes (its inputs' "data"), in run order:
     report.json's `data` after the calibration's (`qval.report.schema.build_report`)."""
-    return {spec.name: spec.inputs(cfg).get("data") for spec in GATES.ordered() if spec.enabled(cfg)}
+    return {spec.name: spec.inputs(cfg).get("data") for spec in _gates().ordered() if spec.enabled(cfg)}

@@ -2,7 +2,8 @@
 
 A gate is a pair of functions: `run(ctx) -> GateResult` measures, `thresholds(cfg, result)`
 turns the config's limits (absolute, or sized from the measured noise) into `Threshold`s for
-`decide`. Each gate module defines its `SPEC`; `qval.gates` lists them in `GATES`, in run order.
+`decide`. Each gate's run module (`qval/gates/<name>/run.py`) defines its `SPEC`; `qval.gates` lists
+them in `GATES`, in run order.
 """
 
 from __future__ import annotations

@@ -8,8 +8,8 @@ from typing import Any
 
 from ..gate_registry import DECLARED
 from .numbers import fmt, number
-from ..results.agreement import Scored
-from ..results.tasks import Suite
+from ..gates.agreement.result import Scored
+from ..gates.tasks.result import Suite
 
 #: each gate's section title in report.md (qval.gate_registry); a gate a stored report names and qval does not
 #: declare is titled by its name

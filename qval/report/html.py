@@ -1,7 +1,7 @@
 """report.html: the sign-off as one self-contained page (no scripts, no network, images inlined).
 
 The verdict comes first, then every check in one table, then each gate's evidence with its
-plots (each gate's own: qval/report/sections/; the KLD histogram, gate 3's per-window drift, …), the per-layer scale diagnostics (SQNR, scale,
+plots (each gate's own: its package's `section.py`; the KLD histogram, gate 3's per-window drift, …), the per-layer scale diagnostics (SQNR, scale,
 clip rate, outlier ratio by layer; flagged quantizers and the written outlier rules), the
 sensitivity ranking and the fallback search. Charts are SVG (see charts.py) embedded as
 data-URI <img>, so the file can be mailed or archived and still shows everything. Every part
@@ -19,7 +19,7 @@ from .formatting import (CHECK_COLUMNS, calibration_text, candidate_text, check_
                          runtime_text, snapshot_text, stage_columns, stage_rows, versions_text)
 from .error_rates import SIZE_COLUMN, SIZE_NOTE, file_text, size_cell
 from .html_parts import badge, table
-from .sections import HTML
+from . import sections
 
 CSS = """
 body{font-family:Helvetica,Arial,sans-serif;margin:24px auto;max-width:1100px;color:#222;line-height:1.4}
@@ -90,8 +90,8 @@ def gates_section(r: dict[str, Any]) -> str:
         if g.get("status") != "ok":
             out.append(f'<p class="fail">{escape(str(g.get("status")))}: {escape(str(g.get("error")))}</p>')
         out.append(_measurements(g))
-        if name in HTML:
-            out.append(HTML[name](g))
+        if name in sections.HTML:
+            out.append(sections.HTML[name](g))
     return "\n".join(out)
 
 

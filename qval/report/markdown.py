@@ -1,4 +1,4 @@
-"""report.md: the verdict first, then every check, then each gate's evidence (its section: qval/report/sections/)."""
+"""report.md: the verdict first, then every check, then each gate's evidence (its section: qval/report/sections.py)."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ from .formatting import (CHECK_COLUMNS, TITLES, calibration_text, candidate_text
 from .error_rates import SIZE_COLUMN, SIZE_NOTE, file_text, size_cell
 from .md_parts import generic_section, table
 from .numbers import fmt
-from .sections import MARKDOWN
-from ..results import TYPES
+from . import sections
+from .. import results
 
 #: how report.md marks a check's outcome (formatting.outcome)
 MARKS = {"pass": "PASS", "fail": "**FAIL**", "uninformative": "uninformative"}
@@ -53,7 +53,8 @@ def render_markdown(r: dict[str, Any]) -> str:
     for name, g in r["gates"].items():
         # a typed gate's section reads its finished details; an unfinished result (error, non-finite) has only
         # what the gate knew before it stopped: its measurements as they are
-        render = MARKDOWN.get(name, generic_section) if name not in TYPES or g["status"] == "ok" else generic_section
+        ok = name not in results.TYPES or g["status"] == "ok"
+        render = sections.MARKDOWN.get(name, generic_section) if ok else generic_section
         out += [f"## {TITLES.get(name, name)}", ""]
         if g["status"] != "ok":
             out += [f"**{g['status']}**: {g['error']}", ""]

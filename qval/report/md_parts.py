@@ -1,4 +1,4 @@
-"""report.md's markup, shared by its sections (qval/report/sections/): a table, a cell of text, and the
+"""report.md's markup, shared by its sections (each gate's `section.py`): a table, a cell of text, and the
 section of a gate that has none of its own."""
 
 from __future__ import annotations

@@ -2,36 +2,41 @@
 is its `to_dict()`, and report.md / report.html read its fields, so a renamed or missing key is an
 error where it happens rather than a "None" in a report. A stored result is read back through its
 gate's type (`typed`).
+
+Each gate's type is its package's `result.py` (`DETAILS`); `TYPES` maps every gate `qval.gate_registry`
+declares to it, read on first use (a gate's result module imports `qval.results.base`, so this package
+loads none of them when it is imported).
 """
 
 from __future__ import annotations
 
+from functools import cache
 from typing import Any
 
-from ..gate_registry import covered
-from .agreement import AgreementDetails
 from .base import Block, Details, parse
-from .depth import DepthDetails
-from .export_fidelity import ExportFidelityDetails
-from .longgen import LonggenDetails
-from .quality import QualityDetails
-from .retrieval import RetrievalDetails
-from .tasks import TasksDetails
 
-#: each gate's details type, by gate name (every gate qval.gate_registry declares)
-TYPES: dict[str, type[Details]] = dict(covered("result type", {
-    "agreement": AgreementDetails, "depth": DepthDetails, "quality": QualityDetails, "longgen": LonggenDetails,
-    "retrieval": RetrievalDetails, "tasks": TasksDetails, "export_fidelity": ExportFidelityDetails},
-    "qval/results/__init__.py"))
+
+@cache
+def _types() -> dict[str, type[Details]]:
+    """Each gate's details type, by gate name, in run order."""
+    from ..gate_registry import parts
+
+    return {d.name: m.DETAILS for d, m in parts("result")}
+
+
+def __getattr__(name: str) -> Any:
+    if name == "TYPES":
+        return _types()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def typed(gate: str, status: str, details: Any) -> Any:
     """A result's details as its gate's type when the gate has one and finished ("ok": an error or
     non-finite result carries only what the gate knew before it stopped); else as given."""
-    cls = TYPES.get(gate)
+    cls = _types().get(gate)
     if cls is None or status != "ok":
         return details
     return parse(cls, details, f"gate {gate}'s result")
 
 
-__all__ = ["AgreementDetails", "Block", "DepthDetails", "Details", "ExportFidelityDetails", "LonggenDetails", "QualityDetails", "RetrievalDetails", "TYPES", "TasksDetails", "parse", "typed"]
+__all__ = ["Block", "Details", "TYPES", "parse", "typed"]

@@ -74,7 +74,7 @@ def _run_gate(fid):
 def test_the_export_gate_returns_its_type_and_reads_back_the_same():
     import json
 
-    from qval.results import ExportFidelityDetails
+    from qval.gates.export_fidelity.result import ExportFidelityDetails
     from qval.verdict import GateResult
 
     r = _run_gate(_fidelity())
@@ -87,8 +87,8 @@ def test_the_export_gate_returns_its_type_and_reads_back_the_same():
 
 
 def test_a_failed_fidelity_check_rejects_and_report_md_notes_it():
-    from qval.judges.export_fidelity import thresholds
-    from qval.report.sections import export_fidelity
+    from qval.gates.export_fidelity.judge import thresholds
+    from qval.gates.export_fidelity import section as export_fidelity
     from qval.verdict import decide
 
     checks = _fidelity()["checks"]

@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 
 from qval.data import chunk, token_stream
-from qval.gates.agreement import _save_npz, leading_tokens
+from qval.gates.agreement.run import _save_npz, leading_tokens
 
 
 class CharTokenizer:
@@ -66,7 +66,7 @@ class TableEngine:
 
 def _gate_ctx(tmp_path, ref, cand, ctx_len=16, tokens=80, batch=3):
     from qval.config import parse_config
-    from qval.gates import GateContext
+    from qval.gates.base import GateContext
 
     data = tmp_path / "d.jsonl"
     data.write_text("".join(f'{{"text": "{"qwertyuiopasdfghjkl"[i % 7 :] * 3}"}}\n' for i in range(12)), encoding="utf-8")
@@ -84,7 +84,7 @@ def test_batched_metrics_equal_the_per_chunk_metrics(tmp_path):
     token_stats run chunk by chunk, the way the gate computed them before batching."""
     import torch
 
-    from qval.gates import agreement
+    from qval.gates.agreement import run as agreement
     from qval.metrics.tokens import token_stats
 
     ctx = _gate_ctx(tmp_path, TableEngine(1), TableEngine(2))
@@ -106,7 +106,7 @@ def test_batched_metrics_equal_the_per_chunk_metrics(tmp_path):
 
 
 def test_a_nan_in_one_chunk_is_located_in_that_chunk(tmp_path):
-    from qval.gates import agreement
+    from qval.gates.agreement import run as agreement
 
     result = agreement.run(_gate_ctx(tmp_path, TableEngine(1), TableEngine(2, nan_at=(4, 11))))
     assert result.status == "nonfinite"

@@ -13,8 +13,9 @@ import pytest
 import torch
 
 from qval.config import parse_config
-from qval.gates import GATES, GateContext
-from qval.judges.depth import bucket_spans, divergence, first_beyond, summarize
+from qval.gates import GATES
+from qval.gates.base import GateContext
+from qval.gates.depth.judge import bucket_spans, divergence, first_beyond, summarize
 from qval.verdict import decide
 
 from ..conftest import ROOT, small_config
@@ -66,7 +67,7 @@ def test_identical_candidate_reproduces_at_every_depth():
 
 def test_fake_engines_diverging_after_a_depth(tmp_path):
     """The gate's run() end to end on the closed-form fake model: identical up to position 40."""
-    from qval.gates import depth as depth_gate
+    from qval.gates.depth import run as depth_gate
 
     cfg = _cfg(ctx=128, tokens=128, piece=32, buckets=[32, 64, 128], max_mean_kld=0.01, min_top1=0.99)
     ref = FakeEngine(walk)

@@ -14,10 +14,10 @@ import pytest
 
 from qval.config import Sized, parse_config
 from qval.errors import ConfigError
-from qval.gate_metrics import LONGGEN
-from qval.gates import GateContext
-from qval.gates.longgen import inputs, run
-from qval.judges.longgen import _sized, edges, health, thresholds
+from qval.gates.base import GateContext
+from qval.gates.longgen.metrics import LONGGEN
+from qval.gates.longgen.judge import _sized, edges, health, thresholds
+from qval.gates.longgen.run import inputs, run
 from qval.metrics.text import seq_rep_n
 from qval.metrics.estimate import Estimate
 from qval.verdict import GateResult, decide
@@ -232,7 +232,7 @@ def _result_with_noise(noise: float) -> Any:
          "late_drift": mean_estimate(spread), "seq_rep4_excess": mean_estimate(spread), "judge_nll_excess": mean_estimate(spread),
          "loops_excess": Estimate(0.0, n=8)}
     sizing = {"prompts": 8, "ref_late_seq_rep4_sigma": 0.05, "ref_late_nll_sigma": 0.1, "ref_loop_rate": 0.25, "ref_eos_rate": 0.0}
-    from qval.results import LonggenDetails
+    from qval.gates.longgen.result import LonggenDetails
 
     # the rest of gate 3's typed details, which no threshold here reads: no prompt listed, no window
     details = LonggenDetails.model_validate({

@@ -13,10 +13,10 @@ from sacrebleu.metrics import BLEU, CHRF
 
 from qval.config import Sized, parse_config
 from qval.errors import ConfigError, DataError
-from qval.gate_metrics import QUALITY
-from qval.gates import GateContext
-from qval.gates.quality import _positions, bleu_records, paired_bootstrap_drop, score_language, sliding_windows
-from qval.judges.quality import _sized_drop, _sized_ppl, perplexity_part, thresholds
+from qval.gates.base import GateContext
+from qval.gates.quality.metrics import QUALITY
+from qval.gates.quality.run import _positions, bleu_records, paired_bootstrap_drop, score_language, sliding_windows
+from qval.gates.quality.judge import _sized_drop, _sized_ppl, perplexity_part, thresholds
 from qval.verdict import GateResult, decide
 
 REFS = ["The train leaves at eight o'clock.", "I forgot my umbrella at home.", "My sister works in a hospital.",
@@ -119,7 +119,7 @@ def _result(given: dict) -> GateResult:
     """A finished gate 2 whose details hold `given`'s figures (the σ and n a sized limit reads), the rest
     of its typed details filled with placeholders that no threshold reads."""
     from qval.metrics.estimate import Estimate
-    from qval.results import QualityDetails
+    from qval.gates.quality.result import QualityDetails
 
     est = Estimate(0.0, n=1).to_dict()
     ppl = {"windowing": "chunks", "dataset": "d", "description": "t", "positions": 1, "mean_nll_ref": est,

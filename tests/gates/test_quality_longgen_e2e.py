@@ -221,8 +221,8 @@ def test_sliding_window_perplexity_agrees_with_transformers_loss(tmp_path, defau
     from qval.config import parse_config
     from qval.data import load_dataset, token_stream
     from qval.engines.hf import HFEngine
-    from qval.gates import GateContext
-    from qval.gates.quality import sliding_nll
+    from qval.gates.base import GateContext
+    from qval.gates.quality.run import sliding_nll
 
     data = str(ROOT / "calib_data/heldout_eval.jsonl")
     cfg = parse_config({"name": "s", "quant": {"format": "none"},

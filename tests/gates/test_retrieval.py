@@ -12,10 +12,11 @@ import torch
 
 from qval.config import parse_config
 from qval.data import load_dataset, token_stream
-from qval.gates import GATES, GateContext
+from qval.gates import GATES
+from qval.gates.base import GateContext
 from qval.gates.needles import build_trials, snap_back
-from qval.gates.retrieval import mark
-from qval.judges.retrieval import summarize
+from qval.gates.retrieval.run import mark
+from qval.gates.retrieval.judge import summarize
 from qval.verdict import decide
 
 from ..conftest import ROOT, small_config

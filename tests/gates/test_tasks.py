@@ -14,9 +14,10 @@ import torch
 
 from qval.config import parse_config
 from qval.errors import ConfigError, DataError
-from qval.gates import GATES, GateContext
-from qval.gates.tasks import score_choice
-from qval.judges.tasks import summarize
+from qval.gates import GATES
+from qval.gates.base import GateContext
+from qval.gates.tasks.run import score_choice
+from qval.gates.tasks.judge import summarize
 from qval.suites import SUITES, Item
 from qval.suites.builtin import cloze_candidates, sentences
 from qval.suites.scoring import continuation_logprob, contains, exact, numeric, pick, regex, word_mark
@@ -247,7 +248,7 @@ def test_the_gate_runs_a_golden_choice_suite_on_the_fake_engine(tmp_path: Path):
 
 
 def test_report_shows_suites_and_flips():
-    from qval.report.sections import tasks
+    from qval.gates.tasks import section as tasks
 
     cfg = _cfg({"builtin": "choice", "margin": 0.15})
     ref = [True] * 30 + [False] * 10

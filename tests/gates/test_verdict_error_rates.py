@@ -18,7 +18,8 @@ from pathlib import Path
 import torch
 
 from qval.config import load_config, parse_config
-from qval.gates import GATES, GateContext
+from qval.gates import GATES
+from qval.gates.base import GateContext
 from qval import judges
 
 from .fakes import HIGH, LOW, V, FakeEngine, FakeTokenizer, walk

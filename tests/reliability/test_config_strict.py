@@ -5,7 +5,10 @@ from __future__ import annotations
 
 import pytest
 
-from qval.config import AgreementGate, LongGenGate, QualityGate, load_config
+from qval.config import load_config
+from qval.gates.agreement.config import AgreementGate
+from qval.gates.longgen.config import LongGenGate
+from qval.gates.quality.config import QualityGate
 from qval.errors import ConfigError
 from tests.conftest import small_config, write_config
 

@@ -12,8 +12,8 @@ import pytest
 from qval import pipeline, preflight
 from qval.config import parse_config
 from qval.errors import DataError
-from qval.gates.agreement import chunks_for
-from qval.gates.longgen import records_for
+from qval.gates.agreement.run import chunks_for
+from qval.gates.longgen.run import records_for
 from qval.shortfall import shortfall
 from tests.conftest import write_config
 

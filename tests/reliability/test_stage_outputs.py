@@ -65,7 +65,7 @@ def test_done_json_without_file_hashes_is_not_trusted(tmp_path):
 
 def _fake_gates(calls: list[int]) -> Registry:
     """One gate that writes what gate 1 writes (result.json by the loop, positions.npz by itself)."""
-    from qval.gates import GateSpec
+    from qval.gates.base import GateSpec
 
     def run(ctx):
         calls.append(1)

@@ -199,7 +199,7 @@ def test_a_stored_row_names_the_statistic_its_gate_metrics_row_takes() -> None:
     """benchmarks/error_rates.py marks a row's figure "median" exactly where its gate_metrics row is sized as a median
     (gate 3's judge-NLL excess), and gate 3's cache key names the same statistic: one source for both."""
     from benchmarks import error_rates as script
-    from qval.gates.longgen import JUDGE_STATISTIC, inputs
+    from qval.gates.longgen.run import JUDGE_STATISTIC, inputs
     check = {"value": 0.01, "lo": 0.0, "hi": 0.02, "op": "max", "limit": 0.03, "on": "value", "source": "sized", "outcome": "pass"}
     report = {"verdict": {"decision": "APPROVE", "checks": [{**check, "gate": "longgen", "metric": m, "healthy": 0.002}
                                                             for m in ("judge_nll_excess", "seq_rep4_excess")]}}

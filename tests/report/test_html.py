@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 from qval.diagnostics.scales import COLUMNS, rules_doc
-from qval.judges.agreement import summarize
+from qval.gates.agreement.judge import summarize
 from qval.report.html import render_html
 from qval.verdict import CheckKey, GateResult, Threshold, decide
 

@@ -14,10 +14,11 @@ from pydantic import ValidationError
 
 from qval.errors import DataError
 from qval.io import to_jsonable
-from qval.judges.agreement import summarize
+from qval.gates.agreement.judge import summarize
 from qval.report.html import render_html
 from qval.report.markdown import render_markdown
-from qval.results import TYPES, AgreementDetails
+from qval.results import TYPES
+from qval.gates.agreement.result import AgreementDetails
 from qval.verdict import GateResult
 
 FIXTURES = Path(__file__).parent / "fixtures"

@@ -10,8 +10,8 @@ import torch
 
 from qval.config import parse_config
 from qval.engines import concurrent
-from qval.gates import GateContext
-from qval.gates import longgen
+from qval.gates.base import GateContext
+from qval.gates.longgen import run as longgen
 from qval.gates.base import candidate_dependent
 from qval.logits import Compact
 from qval.snapshot.engine import MirrorCandidate, SnapshotReference

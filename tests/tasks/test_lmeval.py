@@ -19,8 +19,9 @@ import torch
 
 from qval.config import parse_config
 from qval.errors import BackendUnavailable, ConfigError, DataError, QvalError
-from qval.gates import GATES, GateContext
-from qval.judges.tasks import summarize
+from qval.gates import GATES
+from qval.gates.base import GateContext
+from qval.gates.tasks.judge import summarize
 from qval.verdict import decide
 
 from ..conftest import ROOT, small_config, write_config
@@ -361,7 +362,7 @@ def test_a_failing_task_is_a_data_error_and_a_failing_engine_is_not(tmp_path, to
 def test_the_gate_on_flat_engines_notes_a_short_task_and_finds_it_uninformative(tmp_path, tokenizer):
     """The whole gate path without a model: equal logits make every option tie, lm-eval then picks
     the first, which is right on a quarter of the shipped questions: exactly chance."""
-    from qval.report.sections import tasks
+    from qval.gates.tasks import section as tasks
 
     cfg = _cfg(_suite(limit=50))
     flat = FlatEngine(len(tokenizer))
@@ -386,7 +387,7 @@ def _score_entry(label, kind, rows, metric, **info):
 
 
 def test_scores_pair_by_mean_difference_and_perplexities_by_their_log_ratio():
-    from qval.report.sections import tasks
+    from qval.gates.tasks import section as tasks
 
     ref = [0.9, 0.8, 0.7, 0.6] * 5
     rows = lambda cand: [{"id": str(i), "excerpt": "…", "expected": "x", "ref_answer": "r", "cand_answer": "c",  # noqa: E731
@@ -527,7 +528,7 @@ def test_the_identity_candidate_has_no_flips_and_passes(identity_run):
         (LMEVAL / "qval_choice.jsonl").read_text().splitlines()[int(x["id"])])["choices"]}
     recall = [x for x in lines if x["suite"] == "qval_recall"]
     assert all(x["expected"].isdigit() for x in recall) and any(x["ref_right"] for x in recall)
-    from qval.report.sections import tasks
+    from qval.gates.tasks import section as tasks
 
     md = "\n".join(tasks.markdown(r.to_dict()))
     assert "| qval_choice (lm-eval:qval_choice) | 40 | 0.25 |" in md
@@ -590,7 +591,7 @@ def test_a_chat_templated_task_is_lm_evals_own_with_apply_chat_template(default_
 def test_chat_template_without_a_template_in_the_tokenizer_is_a_config_error(tokenizer):
     import types
 
-    from qval.gates.tasks import check
+    from qval.gates.tasks.run import check
 
     cfg = _cfg(_suite(chat_template=True))
     with pytest.raises(ConfigError, match=r"suites\[0\] \(qval_choice\): chat_template is true but the model's tokenizer has no chat template"):
