@@ -9,7 +9,6 @@ what qval decides. No GPU is needed: the reports are data.
 from __future__ import annotations
 
 import gzip
-import importlib.util
 import json
 from pathlib import Path
 
@@ -22,13 +21,6 @@ from qval.verdict import GateResult
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results"
 REPORTS = sorted(RESULTS.glob("h*_served_gpu/*.report.json.gz"))
-
-
-def load_script():
-    spec = importlib.util.spec_from_file_location("served_gpu_under_test", ROOT / "benchmarks" / "served_gpu.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def test_the_gpu_runs_are_stored():
@@ -46,7 +38,8 @@ def test_a_stored_gpu_run_is_re_decided_as_it_was(path: Path):
 
 
 def test_the_tables_are_rebuilt_from_the_stored_files():
-    script = load_script()
+    from benchmarks import served_gpu as script
+
     h100 = script.markdown(RESULTS / "h100_served_gpu")
     h200 = script.markdown(RESULTS / "h200_served_gpu")
     rows = script.stored(RESULTS / "h200_served_gpu")
@@ -56,5 +49,6 @@ def test_the_tables_are_rebuilt_from_the_stored_files():
         assert f"{rows[name]['checks']['agreement/mean_kld']['value']:.4g}" in line
     assert "**A served reference**" in h200 and "**KV cache FP8**" in h100
     speed = script.speed_markdown(RESULTS / "h200_speed8b")
-    stages = {p.name: json.loads(p.read_text())["seconds"] for p in (RESULTS / "h200_speed8b" / "stages").glob("*.json")}
+    stages = {p.name: json.loads(p.read_text())["seconds"]
+              for p in (RESULTS / "h200_speed8b" / "stages").glob("*.json")}
     assert f"{sum(stages.values()):.1f}" in speed and "cand8b_one" in speed

@@ -1,4 +1,5 @@
-"""report.md: the verdict first, then every check, then each gate's evidence (its section: qval/report/sections.py)."""
+"""report.md: the verdict first, then every check, then each gate's evidence (its package's `section.py`, read
+through `qval.report.sections`)."""
 
 from __future__ import annotations
 

@@ -12,20 +12,19 @@ details hold only what it knew before it stopped).
 from __future__ import annotations
 
 from functools import cache
-from types import ModuleType
-from typing import Any
+from typing import Any, Callable
 
 
 @cache
-def _modules() -> dict[str, ModuleType]:
+def _tables() -> dict[str, dict[str, Callable[[dict[str, Any]], Any]]]:
     from ..gate_registry import parts
 
-    return {d.name: m for d, m in parts("section")}
+    modules = parts("section")
+    return {"MARKDOWN": {d.name: m.markdown for d, m in modules},  # each gate's report.md section
+            "HTML": {d.name: m.html for d, m in modules if hasattr(m, "html")}}  # its report.html plots and tables
 
 
 def __getattr__(name: str) -> Any:
-    if name == "MARKDOWN":  # each gate's report.md section
-        return {gate: m.markdown for gate, m in _modules().items()}
-    if name == "HTML":  # each gate's report.html plots and tables, shown under its measurements
-        return {gate: m.html for gate, m in _modules().items() if hasattr(m, "html")}
+    if name in ("MARKDOWN", "HTML"):
+        return _tables()[name]
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
