@@ -80,14 +80,13 @@ def kv_entry(new_tokens: int, batch: int, device: str) -> dict[str, Any]:
     from qval.data import load_dataset
     from qval.progress import Progress
     from qval.reference import render_prompts
-    from qval.stages import RunDir
 
     data = {"name": "bench-kvpre", "model": {"source": "default", "device": device}, "quant": {"format": "fp8", "kv_cache": "fp8"},
             "calibration": {"dataset": str(ROOT / "calib_data/general_mix.jsonl"), "samples": 64, "seq_len": 512},
             "gates": {"agreement": {"enabled": False}}, "diagnostics": {"enabled": False}}
     cfg = parse_config(data, "<benchmark>")
     work = Path(tempfile.mkdtemp(prefix="qval-kvpre-"))
-    s = pipeline.Session(config=cfg, run=RunDir(work, cfg.name), progress=Progress())
+    s = pipeline.Session.open(cfg, work, Progress())
     entry = pipeline.build(s, pipeline.calibrate(s))  # quantizes the KV cache on entry (on a CPU)
     modelopt = type(entry)(entry.model, entry.tokenizer)  # no entry quantization: ModelOpt's path
     entry.decode = modelopt.decode = "plain"

@@ -42,13 +42,12 @@ def build_pair(cfg_data: dict, work: str) -> tuple:
     from qval.config import parse_config
     from qval.models import load_model
     from qval.progress import Progress
-    from qval.stages import RunDir
 
     ref = load_model(parse_config(cfg_data, "<benchmark>").model)
     built = {}
     for backend in ("fakequant", "realquant"):
         cfg = parse_config({**cfg_data, "engine": {"backend": backend}}, "<benchmark>")
-        s = pipeline.Session(config=cfg, run=RunDir(Path(work), cfg_data["name"]), progress=Progress(), loader=lambda: ref)
+        s = pipeline.Session.open(cfg, work, Progress(), loader=lambda: ref)
         built[backend] = pipeline.build(s, pipeline.calibrate(s))
     return ref, built
 

@@ -92,7 +92,6 @@ def k_checks(checks: list[str], ks: list[int], tokens: int | None, out: Path) ->
     from qval import pipeline
     from qval.cli import quiet_libraries
     from qval.config import load_config
-    from qval.stages import RunDir
 
     results = []
     with quiet_libraries():
@@ -100,7 +99,7 @@ def k_checks(checks: list[str], ks: list[int], tokens: int | None, out: Path) ->
             if tokens:
                 cfg = cfg.model_copy(update={"gates": cfg.gates.model_copy(update={
                     "agreement": cfg.gates.agreement.model_copy(update={"tokens": tokens})})})
-            s = pipeline.Session(config=cfg, run=RunDir(out, cfg.name), progress=pipeline.SILENT)
+            s = pipeline.Session.open(cfg, out)
             cand = pipeline.build(s, pipeline.calibrate(s, alpha))
             results.append({"check": path, **k_table(s.ref.engine, cand, cfg, s.ref.tokenizer, ks, cfg.name)})
             del cand, s

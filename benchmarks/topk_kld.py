@@ -104,7 +104,6 @@ def main(argv: list[str] | None = None) -> int:
     from qval import pipeline
     from qval.cli import quiet_libraries
     from qval.config import load_config
-    from qval.stages import RunDir
 
     rows = []
     with quiet_libraries():
@@ -112,7 +111,7 @@ def main(argv: list[str] | None = None) -> int:
             if args.tokens:
                 cfg = cfg.model_copy(update={"gates": cfg.gates.model_copy(update={
                     "agreement": cfg.gates.agreement.model_copy(update={"tokens": args.tokens})})})
-            s = pipeline.Session(config=cfg, run=RunDir(Path(args.out), cfg.name), progress=pipeline.SILENT)
+            s = pipeline.Session.open(cfg, args.out)
             cand = pipeline.build(s, pipeline.calibrate(s, alpha))
             rows.append({"check": path, **k_table(s.ref.engine, cand, cfg, s.ref.tokenizer, args.k, cfg.name, tuple(args.sides))})
             del cand, s

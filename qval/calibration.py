@@ -1,12 +1,12 @@
 """The calibration windows: from the dataset and the tokenizer alone (`qval validate` counts
-them), and as batches for a run (`s`: a `qval.pipeline.Session`, or anything with its `config`
-and `reference`); the calibrate and diagnose stages read the same batches.
+them), and as batches for a run (the config and the loaded reference, whose tokenizer makes them); the
+calibrate and diagnose stages read the same batches.
 """
 
 from __future__ import annotations
 
 import hashlib
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -14,6 +14,9 @@ from .config import GateConfig
 from .data import chunk, read_texts, token_stream
 from .errors import DataError
 from .shortfall import shortfall
+
+if TYPE_CHECKING:
+    from .models import LoadedModel
 
 
 def select_windows(available: int, samples: int, sample_seed: int | None) -> list[int]:
@@ -51,24 +54,25 @@ def calibration_samples(cfg: GateConfig, tokenizer: Any) -> tuple[list[list[int]
     return samples, info
 
 
-def calibration_batches(s: Any, batch_size: int | None = None) -> tuple[list[torch.Tensor], dict[str, Any]]:
-    """The calibration samples in batches: of `batch_size` (the size a finished calibration
-    recorded), else of the config's, `auto` deciding from the free memory now."""
-    c = s.config.calibration
-    samples, info = calibration_samples(s.config, s.ref.tokenizer)
-    bs = batch_size or (auto_batch_size(s) if c.batch_size == "auto" else c.batch_size)
+def calibration_batches(cfg: GateConfig, reference: LoadedModel, batch_size: int | None = None,
+                        ) -> tuple[list[torch.Tensor], dict[str, Any]]:
+    """`cfg`'s calibration samples, tokenized by the reference, in batches: of `batch_size` (the size a
+    finished calibration recorded), else of the config's, `auto` deciding from the free memory now."""
+    c = cfg.calibration
+    samples, info = calibration_samples(cfg, reference.tokenizer)
+    bs = batch_size or (auto_batch_size(cfg, reference) if c.batch_size == "auto" else c.batch_size)
     batches = [torch.tensor(samples[i : i + bs]) for i in range(0, len(samples), bs)]
     return batches, {**info, "batch_size": bs}
 
 
-def auto_batch_size(s: Any) -> int:
+def auto_batch_size(cfg: GateConfig, reference: LoadedModel) -> int:
     """4 on CPU (more does not speed up 2 cores); on a GPU as many samples as fit in a quarter
     of free memory, counting the float32 logits, which dominate for large vocabularies."""
-    if s.ref.model.device != "cuda":
+    if reference.device != "cuda":
         return 4
     free, _ = torch.cuda.mem_get_info()
-    vocab = s.ref.model.model.config.vocab_size
-    per_sample = s.config.calibration.seq_len * vocab * 4 * 3
+    vocab = reference.model.config.vocab_size
+    per_sample = cfg.calibration.seq_len * vocab * 4 * 3
     return int(max(1, min(32, free // 4 // per_sample)))
 
 

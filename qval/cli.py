@@ -158,11 +158,11 @@ def validate(config: Path = ConfigOpt) -> int:
 def calibrate(config: Path = ConfigOpt, out: Optional[str] = OutOpt, quiet: bool = QuietOpt) -> int:
     """Calibrate the candidate and save its quantizer state (reused by gate/build/diagnose)."""
     cfg = _checked(config, gating=False)
-    from .pipeline import RunDir, Session, calibrate as run_calibration, expand_alphas
+    from .pipeline import Session, calibrate as run_calibration, expand_alphas
     from .progress import Progress
 
     for c, alpha in expand_alphas(cfg):
-        s = Session(config=c, run=RunDir(Path(out or c.report.dir), c.name), progress=Progress(not quiet))
+        s = Session.open(c, out, Progress(not quiet))
         stage = run_calibration(s, alpha)
         where = stage.path if stage else "(nothing to calibrate for format none)"
         print(f"{c.name}: calibration {'reused' if stage and s.run.log['calibrate']['cached'] else 'done'}: {where}")

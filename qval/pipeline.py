@@ -11,34 +11,32 @@ from __future__ import annotations
 import copy
 import tempfile
 import time
-from dataclasses import InitVar, dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from . import determinism, judges
-from . import models  # locate, pick_device, compute_dtype_for looked up at call time (tests replace models.locate)
 from .calibration import auto_batch_size, calibration_batches, calibration_samples, expand_alphas  # noqa: F401  (re-exported)
 from .checksum import checksums
 from .config import GateConfig
 from .data import dataset_identity
 from .diagnostics.stage import run_diagnostics
 from .engines.base import BuildContext
-from .engines.builders import BUILDERS, engine_identity
-from .environment import environment
+from .engines.builders import BUILDERS
 from .errors import ConfigError
 from .gates import GATES, data_identities
-from .gates.base import GateContext
+from .gates.base import GateContext, GateSpec
 from .io import atomic_write_json, read_json
 from .memory import PhaseMemory, free_memory
 from .models import LoadedModel
 from .progress import SILENT, Progress
 from .quantize import modelopt_adapter  # its functions looked up at call time (tests replace save_state)
 from .report import schema, write_reports
-from .run_reference import RunReference
+from .session import RunCandidate, Session  # noqa: F401  (re-exported)
 from .snapshot.engine import MirrorCandidate
-from .stages import KEY_PACKAGES, RunDir, Stage
+from .stages import RunDir, Stage  # noqa: F401  (RunDir re-exported)
 from .verdict import GateResult, Verdict, decide
 
 
@@ -52,36 +50,6 @@ class RunResult:
     @property
     def exit_code(self) -> int:
         return 0 if self.verdict.approved else 1
-
-
-@dataclass
-class Session:
-    """One run's state shared by its stages: the config, the run folder, the reference (`ref`: loaded on first
-    use, released by a sequential run; run_reference.py), and the candidate once built."""
-
-    config: GateConfig
-    run: RunDir
-    progress: Progress
-    env: dict[str, Any] = field(default_factory=environment)
-    #: an already loaded reference (a sweep's, an export's) and how to (re)load it (a sequential run, per phase)
-    loaded: InitVar[LoadedModel | None] = None
-    loader: InitVar[Any] = None
-    fill: dict[str, Any] | None = None  # a sequential run's first phase: each gate's reference work
-    _candidate: Any = None
-    _engine_identity: dict[str, Any] | None = None  # what the backend adds to the stage keys, asked once
-    ref: RunReference = field(init=False)
-
-    def __post_init__(self, loaded: LoadedModel | None, loader: Any) -> None:
-        self.ref = RunReference(self.config, self.run.path, self.progress, self.versions, loaded, loader)
-
-    @staticmethod
-    def device_of(cfg: GateConfig) -> str:
-        """The device the reference will compute on, without loading it."""
-        return models.pick_device(cfg.model.device)
-
-    def versions(self) -> dict[str, Any]:
-        v = self.env["versions"]  # stages.versions(), read once per run with the report's environment
-        return {k: v.get(k) for k in KEY_PACKAGES}
 
 
 def calibrate(s: Session, alpha: float | None = None) -> Stage | None:
@@ -100,7 +68,7 @@ def calibrate(s: Session, alpha: float | None = None) -> Stage | None:
         s.progress.log("calibrate: done earlier with the same inputs, reused")
         return stage
     modelopt_adapter.check_supported(q, s.ref.model.device)
-    batches, info = calibration_batches(s)
+    batches, info = calibration_batches(s.config, s.ref.model)
     started = stage.begin()
     torch.manual_seed(s.config.seed)
     with PhaseMemory() as mem:
@@ -121,23 +89,17 @@ def calibrate(s: Session, alpha: float | None = None) -> Stage | None:
     return stage
 
 
-def candidate_identity(s: Session, calib: Stage | None) -> dict[str, Any]:
-    if s._engine_identity is None:  # a served engine's asks its server
-        s._engine_identity = engine_identity(s.config)
-    return {"quant": s.config.quant.model_dump(mode="json"), "calibration": calib.key if calib else None,
-            "engine": s.config.engine.model_dump(mode="json"), **s._engine_identity}
-
-
 def build(s: Session, calib: Stage | None) -> Any:
-    if s._candidate is None:
+    """The candidate, built on first use from the calibration's state (`s.candidate.engine` afterwards)."""
+    if s.candidate.engine is None:
         builder = BUILDERS.get(s.config.engine.backend)
         s.progress.log(f"build: {s.config.engine.backend} candidate")
         ctx = BuildContext(config=s.config, reference=s.ref.model, calib_state=calib.path / "quant_state.pt" if calib else None,
                            run_dir=s.run.path, log=s.progress.log, consume_reference=s.ref.sequential)
-        s._candidate = builder(ctx)
+        s.candidate.engine = builder(ctx)
         if s.ref.sequential:  # the candidate holds the reference's weights now (or its own): the reference leaves
             s.ref.release("the candidate was built from its weights")
-    return s._candidate
+    return s.candidate.engine
 
 
 @dataclass
@@ -145,7 +107,7 @@ class Pending:
     """A gate that needs the reference again to finish (a sequential run's last phase): what `GateSpec.complete`
     and the stage's record take once the candidate has left."""
 
-    spec: Any  # its GateSpec (qval.gates)
+    spec: GateSpec
     stage: Stage
     started: float  # when its stage began (Stage.begin)
     ctx: GateContext
@@ -169,7 +131,7 @@ def run_gates(s: Session, calib: Stage | None, fail_fast: bool = False) -> dict[
             s.progress.log(f"gate {spec.name}: skipped, gate {rejected_by} already rejected the candidate (--fail-fast)")
             continue
         stage = s.run.stage(f"gate_{spec.name}", {
-            "gate": spec.inputs(s.config), "model": s.ref.identity(), "candidate": candidate_identity(s, calib),
+            "gate": spec.inputs(s.config), "model": s.ref.identity(), "candidate": s.candidate.identity(calib),
             "versions": s.versions(), "seed": s.config.seed, "snapshot": s.config.snapshot.model_dump(mode="json"),
             "upstream": {n: s.run.log.get(f"gate_{n}", {}).get("key") for n in spec.needs},
         })
@@ -201,9 +163,8 @@ def run_gates(s: Session, calib: Stage | None, fail_fast: bool = False) -> dict[
         # the reference comes back: one model in memory at a time
         for entry in pending:
             entry.ctx.candidate = None
-        if hasattr(s._candidate, "release"):
-            s._candidate.release()
-        s._candidate = candidate = ctx = None  # noqa: F841
+        candidate = ctx = None  # noqa: F841
+        s.candidate.leave()
         free_memory()
         reference = s.ref.for_gates(shared, in_memory=True)
         for entry in pending:
@@ -268,7 +229,7 @@ def fill_reference(cfg: GateConfig, progress: Progress = SILENT, out_dir: str | 
     description and each gate's use of it."""
     check_fillable(cfg)
     determinism.configure(Session.device_of(cfg))
-    s = Session(config=cfg, run=RunDir(Path(out_dir or cfg.report.dir), cfg.name), progress=progress)
+    s = Session.open(cfg, out_dir, progress)
     gates = fill_gates(s, s.run.path.parent / ".reference")
     return {"snapshot": s.ref.snapshot_description(), "gates": gates}
 
@@ -302,13 +263,13 @@ def run_gate(cfg: GateConfig, progress: Progress = SILENT, out_dir: str | None =
     determinism.configure(reference.device if reference is not None else Session.device_of(cfg))
     if cfg.snapshot.enabled and cfg.snapshot.sequential and reference is not None:
         reference = None  # a sequential run consumes its loads in place: never a reference its caller keeps using
-    root = Path(out_dir or cfg.report.dir)
-    s = Session(config=cfg, run=RunDir(root, cfg.name), progress=progress, loaded=reference, loader=loader)
+    s = Session.open(cfg, out_dir, progress, loaded=reference, loader=loader)
+    fill: dict[str, Any] | None = None  # a sequential run's first phase: each gate's reference work
     if s.ref.sequential:
         s.progress.log("sequential: the reference alone fills the snapshot first")
         with PhaseMemory() as mem:
             filled = fill_gates(s, s.run.path.parent / ".reference")
-        s.fill = {"gates": filled, "memory": mem.describe()}
+        fill = {"gates": filled, "memory": mem.describe()}
         s.ref.release("the snapshot holds what the gates ask of it")
     try:
         calib = calibrate(s, alpha)
@@ -316,15 +277,12 @@ def run_gate(cfg: GateConfig, progress: Progress = SILENT, out_dir: str | None =
         verdict = judges.verdict(cfg, results)
         mode = sensitivity or cfg.diagnostics.sensitivity
         diagnostics = run_diagnostics(s, calib, mode == "always" or (mode == "auto" and not verdict.approved))
-        report = schema.build_report(cfg, verdict, results, reference=s.ref.report_description(s.fill),
-                                     engine=s._candidate.describe() if s._candidate is not None else None,
+        report = schema.build_report(cfg, verdict, results, reference=s.ref.report_description(fill),
+                                     engine=s.candidate.described(),
                                      calibration=calib.meta() if calib else None, stages=s.run.log, environment=s.env,
                                      numerics=determinism.describe(), diagnostics=diagnostics, seconds=time.perf_counter() - t0,
                                      data=data_identities(cfg))
     finally:  # a server the candidate or the reference started stops on every exit path (an error, Ctrl-C)
-        try:
-            getattr(s._candidate, "close", lambda: None)()
-        finally:
-            s.ref.close()
+        s.close()
     write_reports(s.run.path, report)
     return RunResult(config=cfg, verdict=verdict, run_dir=s.run.path, report=report)

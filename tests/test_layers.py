@@ -63,7 +63,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("store", ("qval.snapshot",)),
     ("gates", ("qval.gates", "qval.suites", "qval.reference", "qval.export.gate", "qval.diagnostics",
                *_parts("gates"))),
-    ("pipeline", ("qval.pipeline", "qval.run_reference", "qval.preflight", "qval.diagnostics.stage", "qval.failures")),
+    ("pipeline", ("qval.pipeline", "qval.session", "qval.run_reference", "qval.preflight", "qval.diagnostics.stage", "qval.failures")),
     ("commands", ("qval.__main__", "qval.cli", "qval.sweep", "qval.ranking", "qval.parallel",
                   "qval.diagnostics.command", "qval.diagnostics.fallback", "qval.export.command")),
 ]

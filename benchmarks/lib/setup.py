@@ -132,10 +132,8 @@ def calibrate_and_build(loaded: Any, cfg: Any) -> Built:
     with the already loaded reference (`Session.loader`): its engine and the candidate's."""
     from qval import pipeline
     from qval.progress import Progress
-    from qval.stages import RunDir
 
-    s = pipeline.Session(config=cfg, run=RunDir(Path(cfg.report.dir), cfg.name), progress=Progress(enabled=True),
-                         loader=lambda: loaded)
+    s = pipeline.Session.open(cfg, progress=Progress(enabled=True), loader=lambda: loaded)
     calib = pipeline.calibrate(s)
     candidate = pipeline.build(s, calib)
     return Built(s.ref.engine, candidate, {"calibration": calib.meta() if calib else None, "stages": s.run.log})

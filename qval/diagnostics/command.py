@@ -15,7 +15,6 @@ from ..io import atomic_write_json, atomic_write_text
 from .. import pipeline  # looked up at call time, as before (tests replace pipeline.calibrate)
 from ..report import schema
 from ..report.html import render_html
-from ..stages import RunDir
 from .stage import layers_csv, run_diagnostics
 
 
@@ -30,7 +29,7 @@ def diagnose_run(cfg: Any, progress: Any, out_dir: str | None, alpha: float | No
                           f"`qval gate` gates it; to diagnose the format, run `qval diagnose` on a config with "
                           f"engine backend fakequant.")
     cfg = cfg.model_copy(update={"diagnostics": cfg.diagnostics.model_copy(update={"enabled": True})})
-    s = pipeline.Session(config=cfg, run=RunDir(Path(out_dir or cfg.report.dir), cfg.name), progress=progress)
+    s = pipeline.Session.open(cfg, out_dir, progress)
     calib = pipeline.calibrate(s, alpha)
     diagnostics = run_diagnostics(s, calib, cfg.diagnostics.sensitivity != "never")
     diagnostics["layers_csv"] = "layers.csv"

@@ -24,10 +24,8 @@ from ..report.diagnostics_csv import layers_csv
 from . import scales, sensitivity
 
 if TYPE_CHECKING:
+    from ..session import Session
     from ..stages import Stage
-
-#: a `qval.pipeline.Session`; not imported: the pipeline runs these stages (qval.pipeline.run_gate)
-Session = Any
 
 
 def restore_unfolded(s: "Session", calib: "Stage") -> torch.nn.Module:
@@ -84,7 +82,7 @@ def run_diagnostics(s: "Session", calib: "Stage | None", want_sensitivity: bool)
         # memory of this moment (both models, caches), and the statistics the batches they are given
         # (two runs of one gate on a GPU differed so: benchmarks/RESULTS.md §14.2)
         calibrated = (calib.meta().get("calibration") or {}).get("batch_size")
-        batches = calibration_batches(s, batch_size=calibrated)[0][: d.batches]
+        batches = calibration_batches(s.config, s.ref.model, batch_size=calibrated)[0][: d.batches]
     scorer = _scorer(s, device) if sens is not None and sens in todo else None
     model = restore_unfolded(s, calib) if todo else None
     if model is not None and diag in todo:

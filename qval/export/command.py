@@ -7,7 +7,6 @@ depend on the pipeline that runs them.
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 from .. import pipeline  # looked up at call time, as before (tests replace pipeline.calibrate)
@@ -15,7 +14,6 @@ from ..config import GateConfig
 from ..errors import StageError
 from ..io import atomic_write_json
 from ..models import LoadedModel
-from ..stages import RunDir
 from .build import BuildResult, ExportOptions, build_export, fidelity_summary
 
 
@@ -25,7 +23,7 @@ def run_build(cfg: GateConfig, progress: Any, out_dir: str | None, alpha: float 
     report is also written as `<run>/build.json` beside the stages."""
     if not cfg.quant.spec.quantizes:
         raise StageError(f"{cfg.source_file}: quant.format is {cfg.quant.format.value}; there is no quantized checkpoint to build.")
-    s = pipeline.Session(config=cfg, run=RunDir(Path(out_dir or cfg.report.dir), cfg.name), progress=progress, loaded=reference)
+    s = pipeline.Session.open(cfg, out_dir, progress, loaded=reference)
     stage = pipeline.calibrate(s, alpha)
     result = build_export(cfg, s.ref.model, stage.path / "quant_state.pt" if stage else None, s.run.path, options, progress.log)
     atomic_write_json(s.run.path / "build.json", {"config": cfg.name, "export": result.export,

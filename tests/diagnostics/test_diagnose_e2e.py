@@ -184,7 +184,7 @@ def test_diagnostics_take_the_calibrations_batches_whatever_the_free_memory_now(
 
     sizes = iter([2])
     monkeypatch.setattr("qval.run_reference.load_model", lambda cfg: default_model)
-    monkeypatch.setattr(calibration, "auto_batch_size", lambda s: next(sizes, 1))
+    monkeypatch.setattr(calibration, "auto_batch_size", lambda cfg, reference: next(sizes, 1))
     data = small_config("autobs", fmt="fp8", diagnostics={"batches": 1, "sensitivity": "never"})
     data["calibration"].update(samples=4, seq_len=32, batch_size="auto")
     code, out = cli("diagnose", "--config", str(write_config(tmp_path, data)), "--out", str(tmp_path / "out"), "-q")

@@ -57,12 +57,10 @@ def fewer_awq_alphas() -> Iterator[None]:
 def calibrated_state(reference: Any, fmt: str, kv: str = "fp16") -> Path:
     """Path of the saved calibrated state (quant_state.pt) of `fmt` / `kv` on `reference`."""
     from qval.pipeline import Session, calibrate
-    from qval.progress import SILENT
-    from qval.stages import RunDir
 
     if (fmt, kv) not in _STATES:
         cfg = gate_config(f"calib-{fmt}-{kv}", fmt, kv)
-        s = Session(config=cfg, run=RunDir(_DIR, cfg.name), progress=SILENT, loaded=reference)
+        s = Session.open(cfg, _DIR, loaded=reference)
         with fewer_awq_alphas():
             stage = calibrate(s)
         _STATES[(fmt, kv)] = stage.path / "quant_state.pt"

@@ -12,7 +12,6 @@ import pytest
 
 from qval import pipeline
 from qval.config import parse_config
-from qval.progress import SILENT
 from qval.registry import Registry
 from qval.stages import RunDir
 from qval.verdict import GateResult
@@ -90,7 +89,7 @@ def test_gate_loop_recomputes_a_truncated_or_missing_output(tmp_path, monkeypatc
     cfg = parse_config(small_config("cand"))
 
     def session() -> pipeline.Session:
-        return pipeline.Session(config=cfg, run=RunDir(tmp_path, "cand"), progress=SILENT, loaded=toy_reference())
+        return pipeline.Session.open(cfg, tmp_path, loaded=toy_reference())
 
     pipeline.run_gates(session(), None)
     s = session()

@@ -69,9 +69,9 @@ def test_a_rerun_after_recalibrating_still_names_the_snapshot(tmp_path, toy, mon
     from tests.diagnostics.toy import ToyLM
 
     def build(s, calib):  # noqa: ANN001, ANN202
-        if s._candidate is None:
-            s._candidate = HFEngine(ToyLM(seed=1).eval(), ByteTokenizer())  # not the reference: a KLD above 0
-        return s._candidate
+        if s.candidate.engine is None:
+            s.candidate.engine = HFEngine(ToyLM(seed=1).eval(), ByteTokenizer())  # not the reference: a KLD above 0
+        return s.candidate.engine
 
     monkeypatch.setattr(pipeline, "build", build)
     first = gate(tmp_path, "cal", fmt="fp8")
