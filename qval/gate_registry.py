@@ -20,14 +20,25 @@ from types import ModuleType
 
 from .gate_decl import GateDecl
 from .gate_metrics import GateMetrics
-from .gates import agreement, depth, export_fidelity, longgen, quality, retrieval, tasks
 from .registry import Registry
+
+#: the gate packages, `qval/gates/<name>/`, in run order (a gate runs after those whose results it reads):
+#: registering a gate is its name here
+PACKAGES: tuple[str, ...] = ("agreement", "depth", "quality", "longgen", "retrieval", "tasks", "export_fidelity")
 
 #: in run order
 DECLARED: Registry[GateDecl] = Registry("gate")
 
-for _package in (agreement, depth, quality, longgen, retrieval, tasks, export_fidelity):
-    DECLARED.register(_package.GATE.name)(_package.GATE)
+
+def _declaration(package: str) -> GateDecl:
+    decl = import_module(f"qval.gates.{package}").GATE
+    if decl.name != package:
+        raise TypeError(f"qval/gates/{package}/__init__.py declares the gate {decl.name!r}: a gate's package is named after it")
+    return decl
+
+
+for _package in PACKAGES:
+    DECLARED.register(_package)(_declaration(_package))
 del _package
 
 

@@ -76,3 +76,12 @@ def test_a_part_the_gate_lacks_is_named():
 @pytest.mark.parametrize("module", [gate_registry, gate_decl], ids=lambda m: m.__name__)
 def test_the_module_doctests(module):
     assert doctest.testmod(module).failed == 0
+
+
+def test_a_package_that_declares_another_gate_s_name_is_refused(monkeypatch):
+    """Registering is the package's name in `PACKAGES`: the name is the package's, and a declaration under another
+    name (a copied package whose `GATE` was not renamed) would register the first gate twice."""
+    copied = type("Module", (), {"GATE": DECLARED.get("depth")})
+    monkeypatch.setattr(gate_registry, "import_module", lambda name: copied)
+    with pytest.raises(TypeError, match=r"qval/gates/x/__init__.py declares the gate 'depth'"):
+        gate_registry._declaration("x")

@@ -13,8 +13,14 @@ from dataclasses import KW_ONLY, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
+import numpy as np
+
+from ..data import dataset_identity, read_texts
+from ..io import atomic_write
+
 if TYPE_CHECKING:
     from ..config import GateConfig
+    from ..gate_metrics import GateMetrics
     from ..engines.base import Engine
     from ..verdict import GateResult, Threshold
 
@@ -74,3 +80,34 @@ def context_problem(spec: GateSpec, cfg: "GateConfig", limit: int | None) -> str
         return None
     return (f"{key}: {need} tokens of context do not fit the model's {limit} positions (max_position_embeddings); "
             f"use at most {limit}.")
+
+
+# --- what the gates that read a data set share -----------------------------------------------------
+
+
+def section_inputs(cfg: "GateConfig", section: Any, table: "GateMetrics", dataset: str) -> dict[str, Any]:
+    """A gate's cache key: its config section without the limits (`table.cache_exclude()`: a new limit re-judges,
+    it does not re-measure) and the data set it reads, by content (report.json's `data.<gate>`)."""
+    return {"gate": section.model_dump(mode="json", exclude=table.cache_exclude()),
+            "data": dataset_identity(dataset, cfg.resolve(dataset))}
+
+
+def chunked_data_check(cfg: "GateConfig", dataset: str, tokenizer: Any,
+                       chunks_for: Callable[["GateConfig", Any], tuple[Any, dict[str, Any]]]) -> str | None:
+    """Preflight of a gate that scores chunks of a data set: without a tokenizer the data read; with it (the budget
+    pass) the chunks cut, their shortfall note (None when the data covers the request)."""
+    if tokenizer is None:
+        read_texts(dataset, cfg.resolve(dataset))
+        return None
+    return chunks_for(cfg, tokenizer)[1].get("shortfall")
+
+
+def save_positions(folder: Path, arrays: dict[str, np.ndarray]) -> None:
+    """The per-position figures a gate keeps (`positions.npz`, read by the gates after it and the report),
+    uncompressed: per-position floats hardly compress, and zlib cost ~0.2 s a run for nothing."""
+
+    def write(path: Any) -> None:
+        with open(path, "wb") as f:
+            np.savez(f, **arrays)
+
+    atomic_write(folder / "positions.npz", write)

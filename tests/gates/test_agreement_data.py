@@ -3,10 +3,13 @@ whole set; its positions file is a plain .npz that gate 2 reads back."""
 
 from __future__ import annotations
 
+import zipfile
+
 import numpy as np
 
 from qval.data import chunk, token_stream
-from qval.gates.agreement.run import _save_npz, leading_tokens
+from qval.gates.agreement.run import leading_tokens
+from qval.gates.base import save_positions
 
 
 class CharTokenizer:
@@ -34,9 +37,11 @@ def test_leading_tokens_give_the_chunks_of_the_whole_set():
 
 def test_positions_file_round_trips(tmp_path):
     arrays = {"kld": np.array([0.0, 0.5, np.nan]), "top1": np.array([True, False, True])}
-    _save_npz(tmp_path / "positions.npz", arrays)
+    save_positions(tmp_path, arrays)
     with np.load(tmp_path / "positions.npz") as z:
         assert np.array_equal(z["kld"], arrays["kld"], equal_nan=True) and z["top1"].tolist() == [True, False, True]
+    with zipfile.ZipFile(tmp_path / "positions.npz") as z:  # stored, not deflated (see save_positions)
+        assert {i.compress_type for i in z.infolist()} == {zipfile.ZIP_STORED}
 
 
 class TableEngine:

@@ -18,15 +18,14 @@ import numpy as np
 import torch
 
 from ...config import GateConfig
-from ...data import chunk, dataset_identity, load_dataset, read_texts, token_stream
+from ...data import chunk, load_dataset, token_stream
 from ...errors import DataError
-from ...io import atomic_write
 from ...progress import SILENT
 from ...shortfall import shortfall
 from ...metrics.agreement import BOUND_FIELDS
 from ...metrics.tokens import first_nonfinite, token_stats
 from ...verdict import GateResult
-from ..base import GateContext, GateSpec
+from ..base import GateContext, GateSpec, chunked_data_check, save_positions, section_inputs
 from .judge import enabled, summarize, thresholds
 from .metrics import AGREEMENT
 
@@ -95,7 +94,7 @@ def run(ctx: GateContext) -> GateResult:
             del lr, lc, s
             advance(x.shape[0])
     arrays = {f: np.concatenate(v) for f, v in parts.items()}
-    atomic_write(ctx.folder / "positions.npz", lambda p: _save_npz(p, arrays))
+    save_positions(ctx.folder, arrays)
     info["scored_positions"] = int(arrays["kld"].size)
     if bad_ref is not None:
         c, t, n = bad_ref
@@ -108,24 +107,12 @@ def run(ctx: GateContext) -> GateResult:
     return summarize(arrays, info, time.perf_counter() - t0)
 
 
-def _save_npz(path: Any, arrays: dict[str, np.ndarray]) -> None:
-    # uncompressed: per-position floats hardly compress, and zlib cost ~0.2 s a run for nothing
-    with open(path, "wb") as f:
-        np.savez(f, **arrays)
-
-
 def inputs(cfg: GateConfig) -> dict[str, Any]:
-    g = cfg.gates.agreement
-    return {"gate": g.model_dump(mode="json", exclude=AGREEMENT.cache_exclude()),
-            "data": dataset_identity(g.dataset, cfg.resolve(g.dataset))}
+    return section_inputs(cfg, cfg.gates.agreement, AGREEMENT, cfg.gates.agreement.dataset)
 
 
 def check(cfg: GateConfig, tokenizer: Any) -> str | None:
-    g = cfg.gates.agreement
-    if tokenizer is None:
-        read_texts(g.dataset, cfg.resolve(g.dataset))
-        return None
-    return chunks_for(cfg, tokenizer)[1].get("shortfall")
+    return chunked_data_check(cfg, cfg.gates.agreement.dataset, tokenizer, chunks_for)
 
 
 SPEC = GateSpec("agreement", run, thresholds, inputs, enabled,

@@ -19,15 +19,14 @@ import numpy as np
 import torch
 
 from ...config import GateConfig
-from ...data import chunk, dataset_identity, load_dataset, read_texts
+from ...data import chunk, load_dataset
 from ...errors import DataError
-from ...io import atomic_write
 from ...metrics.agreement import BOUND_FIELDS
 from ...metrics.tokens import first_nonfinite, token_stats
 from ...progress import SILENT
 from ...shortfall import shortfall
 from ...verdict import GateResult
-from ..base import GateContext, GateSpec, context_problem, max_positions
+from ..base import GateContext, GateSpec, chunked_data_check, context_problem, max_positions, save_positions, section_inputs
 from ..agreement.run import leading_tokens
 from .judge import enabled, summarize, thresholds
 from .metrics import DEPTH
@@ -97,27 +96,16 @@ def run(ctx: GateContext) -> GateResult:
                     rows.setdefault(f, []).append(s[f])
             advance(1)
     arrays = {f: np.stack(v) for f, v in rows.items()}  # [chunks, ctx − 1]
-    atomic_write(ctx.folder / "positions.npz", lambda p: _save_npz(p, arrays))
+    save_positions(ctx.folder, arrays)
     return summarize(ctx.config, arrays, info, time.perf_counter() - t0)
 
 
-def _save_npz(path: Any, arrays: dict[str, np.ndarray]) -> None:
-    with open(path, "wb") as f:
-        np.savez(f, **arrays)
-
-
 def inputs(cfg: GateConfig) -> dict[str, Any]:
-    g = cfg.gates.depth
-    return {"gate": g.model_dump(mode="json", exclude=DEPTH.cache_exclude()),
-            "data": dataset_identity(g.dataset, cfg.resolve(g.dataset))}
+    return section_inputs(cfg, cfg.gates.depth, DEPTH, cfg.gates.depth.dataset)
 
 
 def check(cfg: GateConfig, tokenizer: Any) -> str | None:
-    g = cfg.gates.depth
-    if tokenizer is None:
-        read_texts(g.dataset, cfg.resolve(g.dataset))
-        return None
-    return chunks_for(cfg, tokenizer)[1].get("shortfall")
+    return chunked_data_check(cfg, cfg.gates.depth.dataset, tokenizer, chunks_for)
 
 
 SPEC = GateSpec("depth", run, thresholds, inputs, enabled,

@@ -20,13 +20,13 @@ from typing import Any
 import torch
 
 from ...config import GateConfig
-from ...data import dataset_identity, load_dataset, read_texts, token_stream
+from ...data import load_dataset, read_texts, token_stream
 from ...errors import DataError
 from ...metrics.tokens import token_stats
 from ...progress import SILENT
 from ...verdict import GateResult
 from ...snapshot.engine import NOT_IN_MEMORY, ReferenceAbsent
-from ..base import GateContext, GateSpec, candidate_dependent, context_problem, max_positions
+from ..base import GateContext, GateSpec, candidate_dependent, context_problem, max_positions, section_inputs
 from ..needles import Trial, build_trials, starts_with_digit
 from .judge import enabled, summarize, thresholds
 from .metrics import RETRIEVAL
@@ -114,9 +114,7 @@ def run(ctx: GateContext) -> GateResult:
 
 
 def inputs(cfg: GateConfig) -> dict[str, Any]:
-    g = cfg.gates.retrieval
-    return {"gate": g.model_dump(mode="json", exclude=RETRIEVAL.cache_exclude()),
-            "data": dataset_identity(g.haystack, cfg.resolve(g.haystack))}
+    return section_inputs(cfg, cfg.gates.retrieval, RETRIEVAL, cfg.gates.retrieval.haystack)
 
 
 def check(cfg: GateConfig, tokenizer: Any) -> str | None:
