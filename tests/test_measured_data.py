@@ -9,7 +9,7 @@ import ast
 import json
 from pathlib import Path
 
-from qval.report.error_rates import DATA
+from qval.report.measured_error_rates import DATA
 
 QVAL = Path(__file__).resolve().parent.parent / "qval"
 #: keys that together make a dict literal a table of measured rates

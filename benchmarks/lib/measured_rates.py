@@ -7,7 +7,7 @@ healthy variant is taken once; each stored check is judged at the check file's l
 value; a sized one as it ran, or — where the entry gives the stored reference's sized `margin` — re-centred on the
 file's `healthy` at that centre + `margin`, its figure the stored mean, or with `"statistic": "median"` the median
 of the run's per-prompt figures against `healthy` + √(π/2) × `margin`. `judge` returns the counts the data file
-holds; `benchmarks/measured_rates.py --write` writes them, tests/report/test_error_rates.py compares them.
+holds; `benchmarks/measured_rates.py --write` writes them, tests/report/test_measured_error_rates.py compares them.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from typing import Any
 
 from qval.config import load_config
 from qval.gate_metrics import MEDIAN_SPREAD
-from qval.report.error_rates import DATA, check_limits
+from qval.report.measured_error_rates import DATA, check_limits
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -7,7 +7,7 @@ a small run. With the extensions marked unavailable, ModelOpt takes its own eage
 fallback it uses on a CPU.
 
     python benchmarks/lib/nojit.py -m qval gate --config ...
-    python benchmarks/lib/nojit.py benchmarks/realquant.py --only distance
+    python benchmarks/lib/nojit.py benchmarks/realquant_vs_fakequant.py --only distance
 """
 
 import runpy

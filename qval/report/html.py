@@ -17,7 +17,7 @@ from ..gate_registry import DECLARED
 from .diagnostics_html import diagnostics_section, fallback_section
 from .formatting import (CHECK_COLUMNS, calibration_text, candidate_text, check_rows, failed_text, interval, reference_text,
                          runtime_text, snapshot_text, stage_columns, stage_rows, versions_text)
-from .error_rates import SIZE_COLUMN, SIZE_NOTE, file_text, size_cell
+from .measured_error_rates import SIZE_COLUMN, SIZE_NOTE, file_text, size_cell
 from .html_parts import badge, table
 from . import sections
 

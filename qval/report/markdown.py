@@ -8,7 +8,7 @@ from typing import Any
 from .diagnostics_md import diagnostics_markdown
 from .formatting import (CHECK_COLUMNS, TITLES, calibration_text, candidate_text, check_rows, failed_text, numerics_line,
                          reference_text, runtime_text, snapshot_text, stage_columns, stage_rows, versions_text)
-from .error_rates import SIZE_COLUMN, SIZE_NOTE, file_text, size_cell
+from .measured_error_rates import SIZE_COLUMN, SIZE_NOTE, file_text, size_cell
 from .md_parts import generic_section, table
 from .numbers import fmt
 from . import sections

@@ -12,7 +12,7 @@ from ..data import dataset_identity
 from ..io import hash_json
 from ..quantize.formats import FORMATS
 from ..verdict import GateResult, Verdict
-from .error_rates import for_report, measured_key, run_configuration
+from .measured_error_rates import for_report, measured_key, run_configuration
 
 SCHEMA, SCHEMA_VERSION = "qval.report", 1
 DIAGNOSTICS_SCHEMA, DIAGNOSTICS_SCHEMA_VERSION = "qval.diagnostics", 1

@@ -48,7 +48,7 @@ def test_the_measured_rates_are_looked_up_by_the_check_file_and_the_run_not_the_
     dtype, does not (the reference's description is the report's "model")."""
     from qval.calibration import expand_alphas
     from qval.config import load_config
-    from qval.report.error_rates import BUILTIN_MODEL
+    from qval.report.measured_error_rates import BUILTIN_MODEL
 
     cfg = expand_alphas(load_config(Path(__file__).parents[2] / "checks/int8_sq.yaml"))[-1][0]
     cfg = cfg.model_copy(update={"name": f"{cfg.name}-fallback1",

@@ -15,9 +15,9 @@ filled in this run), `second` (the same check again under another name against t
 no reference pass), `sequential` (one model in memory at a time) — and, per mode, whether its verdict
 equals `memory`'s and every figure that differs, with its relative difference.
 
-    python benchmarks/snapshot.py k checks/fp8_kvfp16.yaml checks/int4_awq.yaml [--k 16 32 64 128 256] [--json F]
-    python benchmarks/lib/nojit.py benchmarks/snapshot.py k --shape 8b --tokenizer .tok --json F     # a GPU
-    python benchmarks/snapshot.py verdicts --out DIR [--modes memory snapshot second sequential] [checks ...]
+    python benchmarks/snapshot_accuracy.py k checks/fp8_kvfp16.yaml checks/int4_awq.yaml [--k 16 32 64 128 256] [--json F]
+    python benchmarks/lib/nojit.py benchmarks/snapshot_accuracy.py k --shape 8b --tokenizer .tok --json F     # a GPU
+    python benchmarks/snapshot_accuracy.py verdicts --out DIR [--modes memory snapshot second sequential] [checks ...]
         [--device cuda --dtype float32] [--deadline SECONDS]
 """
 

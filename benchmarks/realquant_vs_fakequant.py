@@ -1,7 +1,7 @@
 """realquant against fakequant: how far the deployed kernels' outputs are from the simulated ones, and
 each from the reference.
 
-    python3 benchmarks/lib/nojit.py benchmarks/realquant.py --format fp8 --tokens 32768 --out DIR/realquant_fp8.json   # a GPU
+    python3 benchmarks/lib/nojit.py benchmarks/realquant_vs_fakequant.py --format fp8 --tokens 32768 --out DIR/realquant_fp8.json   # a GPU
 
 Both candidates are built from one calibration of the built-in model (qval's calibrate stage, cached
 under --work): `fakequant` (ModelOpt simulated quantization, weights folded) and `realquant`

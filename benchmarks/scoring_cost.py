@@ -1,4 +1,4 @@
-"""Scoring: how fast the gates score the reference and the candidate against the bare forward passes
+"""Scoring cost: how fast the gates score the reference and the candidate against the bare forward passes
 of the same tokens, and the memory they take.
 
 On a random-weight Llama layout (`--shape 8b`, bf16 on a GPU) or the built-in model (`--shape real`)
@@ -18,8 +18,8 @@ and its FP8 fake-quant candidate, calibrated and built through qval's own pipeli
   2,048 tokens, one row at a time and 8 rows at once, against the same pieces without statistics
   and against whole-sequence forwards.
 
-    python3 benchmarks/lib/nojit.py benchmarks/scoring.py --tokenizer .tok --out DIR     # a GPU
-    python3 benchmarks/scoring.py --smoke --out DIR                                      # anywhere, toy shape
+    python3 benchmarks/lib/nojit.py benchmarks/scoring_cost.py --tokenizer .tok --out DIR     # a GPU
+    python3 benchmarks/scoring_cost.py --smoke --out DIR                                      # anywhere, toy shape
 
 Random weights cost what trained ones cost for every kernel here; the gates' figures on them mean
 nothing and are never reported as quality. DIR/scoring.json holds every figure.

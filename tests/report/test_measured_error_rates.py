@@ -1,4 +1,4 @@
-"""The measured error rates a report shows (qval/report/error_rates.py): the table is what the stored
+"""The measured error rates a report shows (qval/report/measured_error_rates.py): the table is what the stored
 measurement says, its limits are the shipped check file's (else the report would not show it), and
 a report states each check's size."""
 
@@ -13,8 +13,8 @@ import pytest
 from benchmarks.lib.measured_rates import healthy_runs, judge, judge_excess, measured_file, outcome_at, per_prompt
 from qval.calibration import expand_alphas
 from qval.config import load_config
-from qval.report.error_rates import (BUILTIN_MODEL, DATA, check_limits, configuration_differs, file_text, for_report,
-                                     measured, measured_key, run_configuration, size_cell)
+from qval.report.measured_error_rates import (BUILTIN_MODEL, DATA, check_limits, configuration_differs, file_text,
+                                              for_report, measured, measured_key, run_configuration, size_cell)
 
 ROOT = Path(__file__).resolve().parents[2]
 RESULTS = ROOT / "benchmarks/results"

@@ -1,4 +1,4 @@
-"""End to end on the real default model (SmolLM2-135M-Instruct): calibrate, build, gate 1,
+"""End to end on the real default model (SmolLM2-135M-Instruct): calibrate, build, gate 1 (agreement),
 verdict and report, through the CLI as a user runs it. Sized for two CPU cores: the runs share one
 output folder, so gate 1's reference snapshot is filled once and read by every later run (each run
 keeps its own run folder); diagnostics are off where a test reads none of them."""
@@ -21,7 +21,7 @@ runner = CliRunner()
 @pytest.fixture(scope="module")
 def reports(tmp_path_factory):
     """The module's output folder: one reference snapshot, one run folder per test's config name."""
-    return tmp_path_factory.mktemp("gate_e2e_reports")
+    return tmp_path_factory.mktemp("agreement_e2e_reports")
 
 
 def gate(tmp_path, reports, data) -> tuple[int, dict, str]:
