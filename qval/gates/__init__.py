@@ -13,13 +13,15 @@ from __future__ import annotations
 from functools import cache
 from typing import TYPE_CHECKING, Any
 
+from ..registry import read_on_first_use
+
 if TYPE_CHECKING:
     from ..config import GateConfig
     from ..registry import Registry
     from .base import GateSpec
 
 
-@cache
+@cache  # data_identities reads it too
 def _gates() -> "Registry[GateSpec]":
     from ..gate_registry import parts
     from ..registry import Registry
@@ -32,10 +34,7 @@ def _gates() -> "Registry[GateSpec]":
     return gates
 
 
-def __getattr__(name: str) -> Any:
-    if name == "GATES":
-        return _gates()
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+__getattr__ = read_on_first_use(__name__, GATES=_gates)
 
 
 def data_identities(cfg: "GateConfig") -> dict[str, Any]:

@@ -14,6 +14,8 @@ from __future__ import annotations
 from functools import cache
 from typing import Any, Callable
 
+from ..registry import read_on_first_use
+
 
 @cache
 def _tables() -> dict[str, dict[str, Callable[[dict[str, Any]], Any]]]:
@@ -24,7 +26,4 @@ def _tables() -> dict[str, dict[str, Callable[[dict[str, Any]], Any]]]:
             "HTML": {d.name: m.html for d, m in modules if hasattr(m, "html")}}  # its report.html plots and tables
 
 
-def __getattr__(name: str) -> Any:
-    if name in ("MARKDOWN", "HTML"):
-        return _tables()[name]
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+__getattr__ = read_on_first_use(__name__, MARKDOWN=lambda: _tables()["MARKDOWN"], HTML=lambda: _tables()["HTML"])

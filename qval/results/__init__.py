@@ -13,10 +13,11 @@ from __future__ import annotations
 from functools import cache
 from typing import Any
 
+from ..registry import read_on_first_use
 from .base import Block, Details, parse
 
 
-@cache
+@cache  # typed reads it too
 def _types() -> dict[str, type[Details]]:
     """Each gate's details type, by gate name, in run order."""
     from ..gate_registry import parts
@@ -24,10 +25,7 @@ def _types() -> dict[str, type[Details]]:
     return {d.name: m.DETAILS for d, m in parts("result")}
 
 
-def __getattr__(name: str) -> Any:
-    if name == "TYPES":
-        return _types()
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+__getattr__ = read_on_first_use(__name__, TYPES=_types)
 
 
 def typed(gate: str, status: str, details: Any) -> Any:
