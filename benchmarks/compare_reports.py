@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import gzip
 import json
+import os
 import math
 import re
 import sys
@@ -133,6 +134,14 @@ def main() -> int:
     res = compare(a, b)
     if args.out:
         args.out.write_text(json.dumps(res, indent=1), encoding="utf-8")
+    try:
+        summary(res)
+    except BrokenPipeError:  # the reader stopped early (`| head`): the exit code still says equal or not
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error when Python flushes at exit
+    return 0 if res["differing"] == 0 else 1
+
+
+def summary(res: dict) -> None:
     print(f"{res['differing']} of {res['figures']} figures differ ({res['timing_leaves_skipped']} timing leaves skipped; "
           f"verdicts {res['verdicts']}; {len(res['only_in_one'])} paths in one report only)")
     for name, s in sorted(res["by_section"].items()):
@@ -141,7 +150,6 @@ def main() -> int:
         print(f"  largest: {d['path']}: {d['a']!r} vs {d['b']!r} (rel {d['rel_diff']:.3g})")
     for d in res["differing_strings"][:40]:
         print(f"  string: {d['path']}: {str(d['a'])[:80]!r} vs {str(d['b'])[:80]!r}")
-    return 0 if res["differing"] == 0 else 1
 
 
 if __name__ == "__main__":

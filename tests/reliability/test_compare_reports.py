@@ -43,3 +43,18 @@ def test_what_is_not_a_report_is_exit_2_with_one_line(tmp_path, content):
         r = run(*args)
         assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
         assert len(r.stderr.strip().splitlines()) == 1 and str(bad) in r.stderr, r.stderr
+
+
+def test_a_reader_that_stops_early_gets_no_traceback(tmp_path):
+    """`compare_reports.py a b | head -1`: the pipe closes after the first line; the script says nothing more and its
+    exit code still says whether figures differ (was: a BrokenPipeError traceback)."""
+    gates = {f"g{i}": {"x": float(i)} for i in range(200)}
+    (tmp_path / "a.json").write_text(json.dumps({"gates": gates}), encoding="utf-8")
+    (tmp_path / "b.json").write_text(json.dumps({"gates": {k: {"x": v["x"] + 1} for k, v in gates.items()}}), encoding="utf-8")
+    for _ in range(5):  # the race between the reader closing and the writer writing: a few tries
+        p = subprocess.Popen([sys.executable, str(SCRIPT), tmp_path / "a.json", tmp_path / "b.json"],
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        p.stdout.readline()
+        p.stdout.close()
+        err = p.stderr.read().decode()
+        assert p.wait(timeout=120) == 1 and "Traceback" not in err and "BrokenPipe" not in err, err
