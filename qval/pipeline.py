@@ -34,9 +34,9 @@ from .models import LoadedModel
 from .progress import SILENT, Progress
 from .quantize import modelopt_adapter  # its functions looked up at call time (tests replace save_state)
 from .report import schema, write_reports
-from .session import RunCandidate, Session  # noqa: F401  (re-exported)
+from .session import Session
 from .snapshot.engine import MirrorCandidate
-from .stages import RunDir, Stage  # noqa: F401  (RunDir re-exported)
+from .stages import Stage
 from .verdict import GateResult, Verdict, decide
 
 
