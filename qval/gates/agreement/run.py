@@ -12,7 +12,7 @@ call, so their float32 temporaries are O(batch × ctx/2 × vocab) too.
 from __future__ import annotations
 
 import time
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 import torch
@@ -51,16 +51,26 @@ def scored_chunks(ctx: GateContext) -> tuple[list[list[int]], dict[str, Any]]:
 def chunks_for(cfg: GateConfig, tokenizer: Any) -> tuple[list[list[int]], dict[str, Any]]:
     """The gate's chunks from its dataset and the tokenizer alone (qval validate runs it too)."""
     g = cfg.gates.agreement
+    return whole_chunks(cfg, "agreement", tokenizer, "give more text or a smaller ctx.",
+                        lambda ds: {"scored_per_chunk": g.ctx - g.ctx // 2 - 1})
+
+
+def whole_chunks(cfg: GateConfig, gate: str, tokenizer: Any, too_short: str, facts: Callable[[Any], dict[str, Any]],
+                 ) -> tuple[list[list[int]], dict[str, Any]]:
+    """The leading `tokens // ctx` whole chunks of `ctx` tokens of the gate's data set (`gates.<gate>`: `dataset`,
+    `tokens`, `ctx`), tokenizing no more of it than they need, and what the report says of them (`facts` of the data
+    set added after `ctx`, then the notes: the data set not read to its end, a shortfall of the tokens asked)."""
+    g = getattr(cfg.gates, gate)
     ds = load_dataset(g.dataset, cfg.resolve(g.dataset))
     ids, more = leading_tokens(ds.texts(), tokenizer, tokenizer.eos_token_id, g.tokens // g.ctx * g.ctx)
     chunks = chunk(ids, g.ctx, limit=g.tokens // g.ctx)
     if not chunks:
-        raise DataError(f"{g.dataset}: {len(ids)} tokens is less than one chunk of ctx={g.ctx}; give more text or a smaller ctx.")
+        raise DataError(f"{g.dataset}: {len(ids)} tokens is less than one chunk of ctx={g.ctx}; {too_short}")
     info = {"dataset": g.dataset, "dataset_tokens": len(ids), "tokens_requested": g.tokens, "chunks": len(chunks),
-            "ctx": g.ctx, "scored_per_chunk": g.ctx - g.ctx // 2 - 1}
+            "ctx": g.ctx, **facts(ds)}
     if more:
         info["dataset_tokens_note"] = "tokenized up to the requested tokens; the rest of the data set was not read"
-    if note := shortfall("gates.agreement.tokens", g.tokens, len(chunks) * g.ctx, f"tokens in whole chunks of {g.ctx}",
+    if note := shortfall(f"gates.{gate}.tokens", g.tokens, len(chunks) * g.ctx, f"tokens in whole chunks of {g.ctx}",
                          cfg.max_shortfall):
         info["shortfall"] = note
     return chunks, info

@@ -19,15 +19,13 @@ import numpy as np
 import torch
 
 from ...config import GateConfig
-from ...data import chunk, load_dataset
 from ...errors import DataError
 from ...metrics.agreement import BOUND_FIELDS
 from ...metrics.tokens import first_nonfinite, token_stats
 from ...progress import SILENT
-from ...shortfall import shortfall
 from ...verdict import GateResult
 from ..base import GateContext, GateSpec, chunked_data_check, context_problem, max_positions, save_positions, section_inputs
-from ..agreement.run import leading_tokens
+from ..agreement.run import whole_chunks
 from .judge import enabled, summarize, thresholds
 from .metrics import DEPTH
 
@@ -41,20 +39,8 @@ def scored_chunks(ctx: GateContext) -> tuple[list[list[int]], dict[str, Any]]:
 def chunks_for(cfg: GateConfig, tokenizer: Any) -> tuple[list[list[int]], dict[str, Any]]:
     """The gate's long chunks from its dataset and the tokenizer alone (qval validate runs it too)."""
     g = cfg.gates.depth
-    ds = load_dataset(g.dataset, cfg.resolve(g.dataset))
-    ids, more = leading_tokens(ds.texts(), tokenizer, tokenizer.eos_token_id, g.tokens // g.ctx * g.ctx)
-    chunks = chunk(ids, g.ctx, limit=g.tokens // g.ctx)
-    if not chunks:
-        raise DataError(f"{g.dataset}: {len(ids)} tokens is less than one chunk of ctx={g.ctx}; give longer documents "
-                        f"or a smaller gates.depth.ctx.")
-    info = {"dataset": g.dataset, "dataset_tokens": len(ids), "tokens_requested": g.tokens, "chunks": len(chunks),
-            "ctx": g.ctx, "piece": g.piece, "records": len(ds.records)}
-    if more:
-        info["dataset_tokens_note"] = "tokenized up to the requested tokens; the rest of the data set was not read"
-    if note := shortfall("gates.depth.tokens", g.tokens, len(chunks) * g.ctx, f"tokens in whole chunks of {g.ctx}",
-                         cfg.max_shortfall):
-        info["shortfall"] = note
-    return chunks, info
+    return whole_chunks(cfg, "depth", tokenizer, "give longer documents or a smaller gates.depth.ctx.",
+                        lambda ds: {"piece": g.piece, "records": len(ds.records)})
 
 
 def score_chunk(ctx: GateContext, ids: list[int], piece: int) -> dict[str, np.ndarray]:
