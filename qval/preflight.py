@@ -3,13 +3,13 @@ before any model loads (`qval validate`, and the first thing `gate`, `calibrate`
 and `sweep` do), so a config that cannot finish fails in seconds with every problem at once.
 
 It asks the modules that own each rule rather than restating them: at least one gate enabled
-(`no_gate`, for the commands that decide), the model's location (`models.locate`), whether the
-model needs its own code and trust_remote_code allows it (`models.remote_code`, from config.json
+(`no_gate`, for the commands that decide), the model's location (`model_location.locate`), whether the
+model needs its own code and trust_remote_code allows it (`model_location.remote_code`, from config.json
 read as JSON: the preflight imports and runs none of a model's code), the device and the format's
-hardware (`models.pick_device`, `modelopt_adapter.check_supported`), the backend's formats
+hardware (`devices.pick_device`, `modelopt_adapter.check_supported`), the backend's formats
 (`engines.check_engine`), each gate's data files and budgets (`GateSpec.check`, the same
 functions the gates run), each gate's context against the model's positions read from its config
-(`gates.context_problem`, `models.max_positions_of`), and the calibration windows
+(`gates.context_problem`, `model_location.max_positions_of`), and the calibration windows
 (`calibration.calibration_samples`).
 Whatever passes here cannot fail later for the same reason.
 """
@@ -19,7 +19,7 @@ from __future__ import annotations
 import sys
 from typing import TYPE_CHECKING, Any, Callable, TypeVar
 
-from . import models  # its functions looked up at call time (tests replace models.locate)
+from . import devices, model_location, models  # their functions looked up at call time (tests replace model_location.locate)
 from .calibration import calibration_samples
 from .data import dataset_identity, read_texts
 from .engines.builders import check_engine, engine_identity
@@ -38,7 +38,7 @@ T = TypeVar("T")
 
 def check_hardware(cfg: "GateConfig") -> None:
     """`device: cuda` without CUDA, or a format whose kernels need a GPU on a CPU run."""
-    device = models.pick_device(cfg.model.device)
+    device = devices.pick_device(cfg.model.device)
     if cfg.calibrates:
         check_supported(cfg.quant, device)
 
@@ -53,7 +53,7 @@ def reference_tokenizer(cfg: "GateConfig") -> Any:
     can load it and trust_remote_code allows that: the gates count their budgets when they run.
     Kept per model (its location's fingerprint included) for the process: a GGUF tokenizer takes
     seconds to convert, and a sweep or a test session preflights many configs of one model."""
-    key = hash_json([cfg.model.model_dump(mode="json"), models.locate(cfg.model)[3]])
+    key = hash_json([cfg.model.model_dump(mode="json"), model_location.locate(cfg.model)[3]])
     if key not in _TOKENIZERS:
         try:
             _TOKENIZERS[key] = models.load_tokenizer(cfg.model, run_code=False)
@@ -94,8 +94,8 @@ def preflight(cfg: "GateConfig", count_tokens: bool = True, tokenizer: Any = Non
 
     gates = [spec for spec in GATES.ordered() if spec.enabled(cfg)]
     c = cfg.calibration
-    attempt(lambda: models.locate(cfg.model))
-    if note := attempt(lambda: models.remote_code(cfg.model)):  # from config.json as JSON: no code imported here
+    attempt(lambda: model_location.locate(cfg.model))
+    if note := attempt(lambda: model_location.remote_code(cfg.model)):  # from config.json as JSON: no code imported here
         print(f"qval: note: {note}", file=sys.stderr)
     attempt(lambda: engine_identity(cfg))  # a checkpoint candidate's folder and weight files
     if cfg.model.source == "served":  # a served reference's server: reachable and listing its model, or vLLM's Python runs
@@ -110,7 +110,7 @@ def preflight(cfg: "GateConfig", count_tokens: bool = True, tokenizer: Any = Non
         attempt(lambda: spec.inputs(cfg))  # every data file a gate names exists
         if spec.check is not None:
             attempt(lambda: spec.check(cfg, None))  # ... and parses, with the fields the gate reads
-    limit = attempt(lambda: models.max_positions_of(cfg.model))
+    limit = attempt(lambda: model_location.max_positions_of(cfg.model))
     problems += [p for spec in gates if (p := context_problem(spec, cfg, limit)) is not None]
     if problems:
         raise QvalError("\n".join(dict.fromkeys(problems)))

@@ -12,8 +12,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Callable
 
-from . import determinism
-from . import models  # locate, pick_device, compute_dtype_for looked up at call time (tests replace models.locate)
+from . import determinism, devices
+from . import model_location  # locate looked up at call time (tests replace model_location.locate)
 from .config import GateConfig
 from .engines.hf import HFEngine
 from .engines.served_reference import fingerprint as served_fingerprint, load_served_reference
@@ -114,9 +114,9 @@ class RunReference:
         if self.served:
             self._served_fingerprint = self._served_fingerprint or served_fingerprint(self.config)
             return {"fingerprint": self._served_fingerprint, "device": "server", "dtype": "served"}
-        device = models.pick_device(m.device)
-        dtype, _ = models.compute_dtype_for(m.dtype, device)
-        out = {"fingerprint": models.locate(m)[3], "device": device, "dtype": str(dtype), "trust_remote_code": m.trust_remote_code}
+        device = devices.pick_device(m.device)
+        dtype, _ = devices.compute_dtype_for(m.dtype, device)
+        out = {"fingerprint": model_location.locate(m)[3], "device": device, "dtype": str(dtype), "trust_remote_code": m.trust_remote_code}
         if (numerics := determinism.key(device)) is not None:  # CUDA only: a CPU run's keys are unchanged
             out["numerics"] = numerics
         return out

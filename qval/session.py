@@ -14,7 +14,7 @@ from dataclasses import InitVar, dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from . import models  # pick_device looked up at call time (tests replace it)
+from . import devices  # pick_device looked up at call time (tests replace it)
 from .config import GateConfig
 from .engines.builders import engine_identity
 from .environment import environment
@@ -94,7 +94,7 @@ class Session:
     @staticmethod
     def device_of(cfg: GateConfig) -> str:
         """The device the reference will compute on, without loading it."""
-        return models.pick_device(cfg.model.device)
+        return devices.pick_device(cfg.model.device)
 
     def versions(self) -> dict[str, Any]:
         v = self.env["versions"]  # stages.versions(), read once per run with the report's environment

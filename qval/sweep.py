@@ -290,7 +290,7 @@ def run_parallel(candidates: list[tuple[GateConfig, float | None]], refused: dic
     ran = {f: (code, w) for f, code, w in schedule(files, workers, lambda f, w: qval_process(
         ["gate", "--config", str(f), "--out", str(folder), "-q", *(["--fail-fast"] if fail_fast else [])], w,
         logs / f"{Path(str(f)).stem}.log"))}
-    from .models import locate
+    from .model_location import locate
 
     _, _, name, fingerprint = locate(first.model)
     result = SweepResult(entries=[], folder=folder, context=context, batch=batch,

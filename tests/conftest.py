@@ -54,7 +54,7 @@ def pytest_collection_modifyitems(config, items):
 
 def _default_gguf() -> Path | None:
     from qval.errors import QvalError
-    from qval.models import default_gguf_path
+    from qval.model_location import default_gguf_path
 
     try:
         return default_gguf_path().resolve()
@@ -68,12 +68,12 @@ def _real_model_only_where_marked(request, monkeypatch):
     marker it needs: the default tier stays free of it, and the markers stay true in the full tier."""
     if request.node.get_closest_marker("model"):
         return
-    from qval import models
+    from qval import model_location, models
 
     real = models.load_model
 
     def guarded(cfg, *args, **kwargs):
-        target, where, _, _ = models.locate(cfg)  # where load_model reads the weights from (a test may have moved it)
+        target, where, _, _ = model_location.locate(cfg)  # where load_model reads the weights from (a test may have moved it)
         if where.get("gguf_file") and (Path(target) / where["gguf_file"]).resolve() == _default_gguf():
             pytest.fail("this test loads the real default model: use the default_model / patch_reference fixture or "
                         "mark it @pytest.mark.model (the full tier), or use default_tokenizer where the tokenizer is enough")
@@ -110,7 +110,7 @@ def default_model_config():
     from transformers import AutoConfig
 
     from qval.config import ModelConfig
-    from qval.models import locate
+    from qval.model_location import locate
 
     target, kwargs, _, _ = locate(ModelConfig())
     return AutoConfig.from_pretrained(target, **kwargs)

@@ -96,16 +96,16 @@ def test_attention_choice_and_a_wrong_name(clean, monkeypatch):
 
 def test_load_model_configures_before_loading(clean, monkeypatch):
     """The pipeline's one entry for models calls configure with the device, first."""
-    from qval import models
+    from qval import model_location, models
     from qval.config import ModelConfig
 
     seen = []
     monkeypatch.setattr(determinism, "configure", lambda device, *a, **k: seen.append(device))
-    monkeypatch.setattr(models, "locate", lambda cfg: (_ for _ in ()).throw(RuntimeError("stop after configure")))
+    monkeypatch.setattr(model_location, "locate", lambda cfg: (_ for _ in ()).throw(RuntimeError("stop after configure")))
     with pytest.raises(RuntimeError, match="stop after configure"):
         models.load_model(ModelConfig(device="cpu"))
     assert seen == []  # locate comes first: a bad model path fails before any setting changes
-    monkeypatch.setattr(models, "locate", lambda cfg: ("x", {}, "x", "fp"))
+    monkeypatch.setattr(model_location, "locate", lambda cfg: ("x", {}, "x", "fp"))
     monkeypatch.setattr("transformers.AutoModelForCausalLM.from_pretrained",
                         lambda *a, **k: (_ for _ in ()).throw(RuntimeError("stop at load")))
     with pytest.raises(Exception):

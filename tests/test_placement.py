@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from qval import models
+from qval import devices, models
 from qval.config import ModelConfig
 from qval.errors import ModelError
 from qval.placement import HEADROOM, Placement, checkpoint_bytes, plan
@@ -78,7 +78,7 @@ def test_load_model_spreads_a_model_too_large_for_one_gpu(tmp_path: Path, monkey
     import transformers
 
     monkeypatch.setattr(transformers.AutoModelForCausalLM, "from_pretrained", from_pretrained)
-    monkeypatch.setattr(models, "pick_device", lambda requested: "cuda")
+    monkeypatch.setattr(devices, "pick_device", lambda requested: "cuda")
     monkeypatch.setattr(models.determinism, "configure", lambda device: None)
     monkeypatch.setattr(models, "visible_memory", lambda: ([10 * GiB, 10 * GiB], 64 * GiB))
     monkeypatch.setattr(models, "checkpoint_bytes", lambda target, kwargs, size: 12 * GiB)

@@ -19,7 +19,7 @@ from ..errors import ConfigError, ModelError
 from ..export.formats import BY_QUANT_ALGO, KV_ALGO
 from ..export.reader import HF_QUANT_CONFIG, load_unified, read_declaration
 from ..io import read_text_utf8, tree_fingerprint
-from ..models import check_weights
+from ..model_files import check_weights
 from .base import BuildContext
 from .hf import HFEngine
 from .runtime import Runtime, option

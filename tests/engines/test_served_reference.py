@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 import yaml
 
-from qval import models
+from qval import model_location
 from qval.config import load_config, parse_config
 from qval.errors import ModelError, QvalError
 from qval.pipeline import run_gate
@@ -91,7 +91,7 @@ def test_a_served_reference_and_a_candidate_by_url_is_a_valid_config(folder, tmp
     # a launch on a folder that is not a model is said before any server starts, even with the tokenizer elsewhere
     data["model"] = {"source": "served", "served": {"launch": {"model": str(tmp_path / "missing")}}, "tokenizer": str(folder)}
     with pytest.raises(ModelError, match="model.served.launch.model: .* is not a model folder"):
-        models.locate(parse_config(data).model)
+        model_location.locate(parse_config(data).model)
 
 
 @pytest.mark.parametrize("tokenizer, command, message", [

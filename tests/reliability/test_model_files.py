@@ -10,7 +10,7 @@ import torch
 from safetensors.torch import save_file
 
 from qval.errors import ModelError
-from qval.models import check_safetensors
+from qval.model_files import check_safetensors
 from tests.conftest import small_config, write_config
 
 from .helpers import clean_error

@@ -88,8 +88,8 @@ def shipped_checks(cfg, name: str) -> list[dict]:
 
 
 def test_the_builtin_models_fingerprint_is_the_installed_files() -> None:
-    from qval import models
-    assert models.locate(load_config(ROOT / "checks/fp8_kvfp16.yaml").model)[3] == BUILTIN_MODEL
+    from qval import model_location
+    assert model_location.locate(load_config(ROOT / "checks/fp8_kvfp16.yaml").model)[3] == BUILTIN_MODEL
 
 
 @pytest.mark.parametrize("name", sorted(MEASURED))
