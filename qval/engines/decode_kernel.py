@@ -4,8 +4,8 @@ decode_attention.py gives sdpa a one-token query over the filled slots with a bo
 left-padded prompt's hidden slots). With a mask, sdpa cannot take the flash kernel; outside
 deterministic mode it takes cuDNN's, and in deterministic mode (the gate's: qval.determinism) torch
 keeps cuDNN's attention off, so it runs the memory-efficient CUTLASS kernel, whose time grows
-faster than the bytes it reads: at batch 8 and 2,048 slots 3.19 ms a step (32 layers) for 0.57 ms
-of K/V; this kernel 0.86 ms (RESULTS.md §14.4).
+faster than the bytes it reads: several times the time reading the K/V takes at batch 8 and 2,048
+slots, where this kernel comes close to it (benchmarks/CHANGELOG.md, §14.4).
 
 This kernel reads each K/V head once for its whole query group (GQA: the group's query heads are
 the rows of one tensor-core product), in `splits` pieces of the slots so that a batch of few rows

@@ -1,11 +1,10 @@
 """A decode step's products on a GPU (1 to 16 rows): Triton kernels, the projections that read one input in one launch.
 
 At batch 1 a decode step's products are matrix-vector products, bound by reading the weights.
-cuBLAS's kernels for them read an 8B Llama's weights at ~3.2 TB/s on the H200 against the copy's
-~4.1; the K/V projections (1,024 × 4,096) at 1.1 TB/s: too little work for a launch. Measured in
-one process (`benchmarks/gemv.py`, 32 layers of distinct weights replayed from a CUDA graph):
-cuBLAS 4.66 ms a step, q/k/v and gate/up concatenated 4.09 ms, the kernel here on the
-concatenated layout 3.74 ms (×1.01 the weights' bytes ÷ the copy bandwidth).
+cuBLAS's kernels for them read an 8B Llama's weights well below the card's copy bandwidth, and the
+small K/V projections (1,024 × 4,096) are too little work for a launch of their own; the kernel here
+on the projections that share an input reads them near the copy bandwidth (`benchmarks/gemv.py`: 32
+layers of distinct weights replayed from a CUDA graph; its figures: benchmarks/CHANGELOG.md, §14.3).
 
 Without concatenating anything (no second copy of the weights, no views that a checkpoint writer
 would refuse): `grouped` reads up to three weights in one launch — each program a block of one
@@ -20,7 +19,7 @@ run time: the same shapes give the same sums in every run.
 From 2 to 16 rows (gate 3 decodes 8) the same launches run `grouped_rows` / `gate_up_rows`: each
 program a block of BN output rows for all the input rows, one tensor-core product per block of BK
 inputs (the rows padded to 16), float32 accumulation, block shapes from `_ROWS_TABLE` (a sweep at 8
-rows on the H200). cuBLAS reads the weights at ~3.2 TB/s at 8 rows too (RESULTS §14.4).
+rows on the H200). cuBLAS reads the weights as slowly at 8 rows as at one (benchmarks/CHANGELOG.md, §14.4).
 
 Only what this module can address: CUDA tensors, 1 to 16 rows, bfloat16/float16 weights,
 contiguous, no bias, an input dimension a block divides. For everything else (and without Triton)
@@ -163,8 +162,8 @@ MAX_ROWS = 16  # input rows the many-row kernels take (one tensor-core tile of r
 
 # 2 to 16 input rows: (least output rows of the launch, BN, BKs in order of preference, warps, stages),
 # the first entry whose row count the launch reaches. The best of 30 block shapes per launch at 8 rows,
-# 8B layout, on the H200 (benchmarks/gemv.py, RESULTS §14.4): lm_head 4.39 TB/s, gate/up 4.13, down 3.76,
-# q/k/v 3.17, o 2.92 (4,096 output rows: 128 programs of 32 rows for 132 SMs)
+# 8B layout, on the H200 (benchmarks/gemv.py; its rates: benchmarks/CHANGELOG.md, §14.4); o's 4,096 output
+# rows make 128 programs of 32 rows for the H200's 132 SMs
 _ROWS_TABLE = [
     (65536, 64, (128, 64, 32, 16), 4, 3),  # lm_head (128,256 × 4,096)
     (12288, 32, (64, 32, 16), 4, 3),  # gate/up (2 × 14,336 × 4,096)

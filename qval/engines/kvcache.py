@@ -20,8 +20,8 @@ bit for bit on a probe when it is built and keeps ModelOpt's path if they differ
 
 CPU only. On the H200 (benchmarks/kv_prequant_cpu.py --device cuda, plain decode, batch 8, 1,024
 tokens) the build-time probe matched bit for bit, but the greedy tokens of the left-padded batch
-differed from ModelOpt's path, and it was slower (187 s against 127 s: a small model's GPU decode
-is bound by kernel launches, not by the cache's size). Whether attention's strided view of the
+differed from ModelOpt's path, and it was slower (a small model's GPU decode is bound by kernel
+launches, not by the cache's size). Whether attention's strided view of the
 cache selected another CUDA kernel or ModelOpt's path itself varies from run to run there was not
 separated (benchmarks/RESULTS.md §5). On CPU the tokens are identical (tests/engines/test_kv_prequant.py,
 and 8 × 1,024 tokens in the benchmark).

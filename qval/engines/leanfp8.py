@@ -3,9 +3,9 @@
 After ModelOpt's `fold_weight` a FP8 linear's weights are already quantized and its weight quantizer is
 off; what remains per call is the static per-tensor FP8 input quantizer. ModelOpt runs it through
 `TensorQuantizer.forward` → `ScaledE4M3Function` → `tensorrt::quantize_op` → `fp8_eager`: about a
-dozen small tensor ops and a Python dispatch chain around a handful of arithmetic ones. Measured on
-this repo's CPU machine (SmolLM2-135M, batch 8 decode step, 1,024 tokens of context): 122 ms per
-step for the fake-quant candidate against 87 ms for the reference, ~130 µs per linear of overhead.
+dozen small tensor ops and a Python dispatch chain around a handful of arithmetic ones: on a CPU
+that overhead, per linear, made the fake-quant candidate's decode step markedly slower than the
+reference's (the lean forward's gain: benchmarks/CHANGELOG.md, §8).
 
 `install(model)` gives each eligible linear a forward that does exactly `fp8_eager`'s arithmetic
 with the scale and its inverse computed once from the calibrated amax (the same float32 ops:
@@ -16,8 +16,8 @@ the engine notes why.
 On a GPU (`install(..., gpu=True)`) the same arithmetic runs as one fused kernel per linear
 (`torch.compile` of `_qdq`), under the same bit-identity check: there the host overhead is gone
 (the decode step is a CUDA graph) but each of ModelOpt's dozen small ops is still a kernel launch
-on the device, ×7 linears × every layer, every step (an 8B FP8 candidate decoded at batch 8 in
-14.5 ms per step against the reference's 8.4: RESULTS.md §14). Inside the static decoder's step the
+on the device, ×7 linears × every layer, every step (an 8B FP8 candidate decoded at batch 8 far
+slower than the reference: benchmarks/CHANGELOG.md, §14). Inside the static decoder's step the
 product after it is gemv.py's kernel, as the reference's plain linears' are there (fused_step.py reads
 the forward's `lean` operands), and q/k/v (gate/up) whose input scales are bit-equal share one
 quantized input and one launch (`_group`: the three quantizers would give the same tensor; RESULTS.md

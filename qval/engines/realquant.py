@@ -12,8 +12,8 @@ Real GEMMs:
   imports the NVFP4 one), so without the explicit import (`modelopt_adapter.compress`) it never runs.
 - CPU: on request (`engine.options.cpu_fp8_gemm: scaled_mm`) qval routes FP8 linears to
   `torch._scaled_mm` itself (`install_cpu_fp8`): FP8 operands scaled exactly as on the GPU. The
-  CPU has no FP8 hardware; its kernel multiplies in float32 and costs ~27 ms per call even for
-  one token (this model: ~6 s per decoded token), so the default there is emulation.
+  CPU has no FP8 hardware; its kernel multiplies in float32 and is far slower per call than
+  the emulated linear, even for one token, so the default there is emulation.
 
 Activations of layers without a real GEMM, and the KV cache, stay ModelOpt fake-quant.
 `describe()['notes']` says, after the run, which linears ran which GEMM.

@@ -104,7 +104,7 @@ def chunked_data_check(cfg: "GateConfig", dataset: str, tokenizer: Any,
 
 def save_positions(folder: Path, arrays: dict[str, np.ndarray]) -> None:
     """The per-position figures a gate keeps (`positions.npz`, read by the gates after it and the report),
-    uncompressed: per-position floats hardly compress, and zlib cost ~0.2 s a run for nothing."""
+    uncompressed: per-position floats hardly compress, and zlib's time bought nothing."""
 
     def write(path: Any) -> None:
         with open(path, "wb") as f:
