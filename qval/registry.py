@@ -60,25 +60,24 @@ class Registry(Generic[T]):
 
 
 def read_on_first_use(module: str, **build: Callable[[], Any]) -> Callable[[str], Any]:
-    """A module's `__getattr__` for attributes built the first time they are read, once (PEP 562): a package
-    that lists every gate's parts (`qval.gates.GATES`, `qval.results.TYPES`, `qval.report.sections.MARKDOWN`)
-    imports none of them until a caller reads the list.
+    """A module's `__getattr__` for attributes built when they are first read (PEP 562): a package that lists
+    every gate's parts (`qval.gates.GATES`, `qval.results.TYPES`, `qval.report.sections.MARKDOWN`) imports none of
+    them until a caller reads the list. Each builder keeps what it built (`functools.cache`), so the module's own
+    functions that read the list call the builder and share the one copy.
 
+    >>> from functools import cache
     >>> calls = []
-    >>> getattr_ = read_on_first_use("m", ITEMS=lambda: calls.append(1) or [1, 2])
+    >>> getattr_ = read_on_first_use("m", ITEMS=cache(lambda: calls.append(1) or [1, 2]))
     >>> getattr_("ITEMS"), getattr_("ITEMS") is getattr_("ITEMS"), calls
     ([1, 2], True, [1])
     >>> getattr_("OTHER")
     Traceback (most recent call last):
     AttributeError: module 'm' has no attribute 'OTHER'
     """
-    built: dict[str, Any] = {}
 
     def __getattr__(name: str) -> Any:
         if name not in build:
             raise AttributeError(f"module {module!r} has no attribute {name!r}")
-        if name not in built:
-            built[name] = build[name]()
-        return built[name]
+        return build[name]()
 
     return __getattr__

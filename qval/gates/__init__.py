@@ -21,7 +21,7 @@ if TYPE_CHECKING:
     from .base import GateSpec
 
 
-@cache  # data_identities reads it too
+@cache
 def _gates() -> "Registry[GateSpec]":
     from ..gate_registry import parts
     from ..registry import Registry

@@ -17,7 +17,7 @@ from ..registry import read_on_first_use
 from .base import Block, Details, parse
 
 
-@cache  # typed reads it too
+@cache
 def _types() -> dict[str, type[Details]]:
     """Each gate's details type, by gate name, in run order."""
     from ..gate_registry import parts
